@@ -1,0 +1,61 @@
+-- relaybus 0.1 -> 0.2: the in-place conversion (idempotent).
+-- Every data step runs only while deliveries still has lease_token, the marker of a 0.1 store,
+-- so a second application changes nothing. Stop every 0.1 worker first: they would fail on the
+-- dropped columns. There is no down migration; take a backup.
+
+-- step events-handlers: fill events.handlers from every delivery, completed ones included, so
+-- nothing completed under 0.1 runs again
+DO $step$
+BEGIN
+  IF EXISTS (SELECT 1 FROM pg_attribute
+             WHERE attrelid = to_regclass('"{{schema}}"."{{prefix}}deliveries"')
+               AND attname = 'lease_token' AND NOT attisdropped) THEN
+    ALTER TABLE "{{schema}}"."{{prefix}}events"
+      ADD COLUMN IF NOT EXISTS handlers text[] NOT NULL DEFAULT '{}';
+    UPDATE "{{schema}}"."{{prefix}}events" AS e SET handlers = d.handlers
+      FROM (SELECT event_id, array_agg(DISTINCT handler ORDER BY handler) AS handlers
+              FROM "{{schema}}"."{{prefix}}deliveries" GROUP BY event_id) AS d
+     WHERE d.event_id = e.id;
+  END IF;
+END
+$step$;
+
+-- step deliveries-lanes: fill each delivery's lane with the publish-time hash and turn
+-- processing deliveries into pending with their attempts kept (one rewrite of every row)
+DO $step$
+BEGIN
+  IF EXISTS (SELECT 1 FROM pg_attribute
+             WHERE attrelid = to_regclass('"{{schema}}"."{{prefix}}deliveries"')
+               AND attname = 'lease_token' AND NOT attisdropped) THEN
+    ALTER TABLE "{{schema}}"."{{prefix}}deliveries"
+      ADD COLUMN IF NOT EXISTS lane smallint,
+      ADD COLUMN IF NOT EXISTS claims int NOT NULL DEFAULT 0;
+    UPDATE "{{schema}}"."{{prefix}}deliveries"
+       SET lane = "{{schema}}"."{{prefix}}lane_of"(coalesce(key, event_id)),
+           status = CASE status WHEN 'processing' THEN 'pending' ELSE status END;
+    ALTER TABLE "{{schema}}"."{{prefix}}deliveries"
+      ALTER COLUMN lane SET NOT NULL,
+      DROP CONSTRAINT IF EXISTS "{{prefix}}deliveries_status_check",
+      ADD CONSTRAINT "{{prefix}}deliveries_status_check"
+        CHECK (status IN ('pending', 'dead', 'completed')),
+      ADD CONSTRAINT "{{prefix}}deliveries_lane_check" CHECK (lane >= 0 AND lane < 256),
+      SET (autovacuum_vacuum_scale_factor = 0.02);
+  END IF;
+END
+$step$;
+
+-- step lease-columns: drop the 0.1 row leases; 0.2 leases lanes
+ALTER TABLE "{{schema}}"."{{prefix}}deliveries"
+  DROP COLUMN IF EXISTS lease_owner,
+  DROP COLUMN IF EXISTS lease_token,
+  DROP COLUMN IF EXISTS lease_expires_at;
+
+-- step indexes: drop the 0.1 indexes that 0.2 does not keep (the 0.2 ones follow)
+DROP INDEX IF EXISTS "{{schema}}"."{{prefix}}deliveries_due_idx";
+DROP INDEX IF EXISTS "{{schema}}"."{{prefix}}deliveries_due_unkeyed_idx";
+DROP INDEX IF EXISTS "{{schema}}"."{{prefix}}deliveries_completed_idx";
+DROP INDEX IF EXISTS "{{schema}}"."{{prefix}}deliveries_handler_created_idx";
+DROP INDEX IF EXISTS "{{schema}}"."{{prefix}}deliveries_status_created_idx";
+DROP INDEX IF EXISTS "{{schema}}"."{{prefix}}deliveries_key_sequence_idx";
+DROP INDEX IF EXISTS "{{schema}}"."{{prefix}}deliveries_processing_idx";
+DROP INDEX IF EXISTS "{{schema}}"."{{prefix}}deliveries_dead_purge_idx";

@@ -1,0 +1,84 @@
+-- relaybus schema 0.2: the tables, indexes and lane rows (idempotent).
+-- Creates what is missing and leaves what exists alone, so applying it to a current store, or
+-- after the 0.1 -> 0.2 conversion, changes nothing.
+
+-- Events outlive their deliveries: `handlers` remembers every handler an event ever had a
+-- delivery for, so a republish never runs a completed handler again.
+CREATE TABLE IF NOT EXISTS "{{schema}}"."{{prefix}}events" (
+  id text PRIMARY KEY,
+  type text NOT NULL,
+  key text,
+  payload jsonb NOT NULL,
+  headers jsonb NOT NULL DEFAULT '{}',
+  handlers text[] NOT NULL DEFAULT '{}',
+  created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS "{{prefix}}events_created_idx"
+  ON "{{schema}}"."{{prefix}}events" (created_at);
+
+-- One row per (event, handler) from publish until completion; completion deletes it. The happy
+-- path never updates a row here, and no index covers a column that the happy path writes.
+CREATE TABLE IF NOT EXISTS "{{schema}}"."{{prefix}}deliveries" (
+  id text PRIMARY KEY,
+  event_id text NOT NULL REFERENCES "{{schema}}"."{{prefix}}events" (id) ON DELETE CASCADE,
+  handler text NOT NULL,
+  lane smallint NOT NULL CHECK (lane >= 0 AND lane < 256),
+  key text,
+  sequence bigint,
+  status text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'dead', 'completed')),
+  attempts int NOT NULL DEFAULT 0,
+  claims int NOT NULL DEFAULT 0,
+  available_at timestamptz NOT NULL DEFAULT now(),
+  last_error text,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  completed_at timestamptz
+) WITH (autovacuum_vacuum_scale_factor = 0.02);
+-- Idempotent publish and fenced single-row writes.
+CREATE UNIQUE INDEX IF NOT EXISTS "{{prefix}}deliveries_event_handler_unique"
+  ON "{{schema}}"."{{prefix}}deliveries" (event_id, handler);
+-- Claim and statistics: due work per lane.
+CREATE INDEX IF NOT EXISTS "{{prefix}}deliveries_lane_due_idx"
+  ON "{{schema}}"."{{prefix}}deliveries" (lane, available_at, id) WHERE status = 'pending';
+-- Per-key ordering: the earliest pending delivery of a handler and key.
+CREATE INDEX IF NOT EXISTS "{{prefix}}deliveries_lane_key_idx"
+  ON "{{schema}}"."{{prefix}}deliveries" (lane, handler, key, sequence)
+  WHERE key IS NOT NULL AND status = 'pending';
+-- Dead letters: listing, requeue and purge.
+CREATE INDEX IF NOT EXISTS "{{prefix}}deliveries_dead_idx"
+  ON "{{schema}}"."{{prefix}}deliveries" (updated_at, id) WHERE status = 'dead';
+
+-- Workers lease lanes, not rows. No secondary index and half-empty pages keep every update of
+-- a lane row heap-only (HOT).
+CREATE TABLE IF NOT EXISTS "{{schema}}"."{{prefix}}lanes" (
+  lane smallint PRIMARY KEY CHECK (lane >= 0 AND lane < 256),
+  epoch bigint NOT NULL DEFAULT 0,
+  lease_owner text,
+  lease_expires_at timestamptz,
+  in_flight text[] NOT NULL DEFAULT '{}'
+) WITH (fillfactor = 50);
+INSERT INTO "{{schema}}"."{{prefix}}lanes" (lane)
+  SELECT g FROM generate_series(0, 255) AS g
+  ON CONFLICT (lane) DO NOTHING;
+
+-- Per-key sequence counters. The publishing statement locks a key's row until commit, which is
+-- what makes per-key order the commit order.
+CREATE TABLE IF NOT EXISTS "{{schema}}"."{{prefix}}key_sequences" (
+  key text PRIMARY KEY,
+  last_sequence bigint NOT NULL
+);
+
+-- Optional append-only completion history, written only by workers run with
+-- `--completion-history`.
+CREATE TABLE IF NOT EXISTS "{{schema}}"."{{prefix}}completions" (
+  event_id text NOT NULL,
+  handler text NOT NULL,
+  attempts int NOT NULL,
+  completed_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS "{{prefix}}completions_completed_idx"
+  ON "{{schema}}"."{{prefix}}completions" (completed_at);
+
+INSERT INTO "{{schema}}"."{{prefix}}schema" (version) VALUES ('0.2')
+  ON CONFLICT (singleton) DO UPDATE SET version = excluded.version
+  WHERE "{{prefix}}schema".version IS DISTINCT FROM excluded.version;

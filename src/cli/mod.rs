@@ -1,0 +1,121 @@
+//! The command line: clap types and one file per command. A command resolves its arguments
+//! into engine calls and formats the result; it never holds SQL or business rules.
+
+mod output;
+mod publish;
+mod schema_sql;
+mod setup;
+mod upgrade;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+
+use crate::store::postgres::{ConnectOptions, PgStore, StoreOptions};
+use crate::store::Namespace;
+
+pub use output::Output;
+
+/// The operator's tool for a relaybus event bus.
+///
+/// Installs and upgrades the store, renders its schema as SQL, publishes events, and inspects
+/// deliveries. Every command talks to the store given by --database-url (or
+/// RELAYBUS_DATABASE_URL, or the libpq variables PGHOST, PGPORT, PGUSER, PGPASSWORD,
+/// PGDATABASE).
+///
+/// Exit codes: 0 done, 1 failed (or `setup --check` found the schema not current), 2 usage error.
+#[derive(Debug, Parser)]
+#[command(
+    name = "relaybus",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options every command takes.
+#[derive(Debug, Clone, Args)]
+pub struct GlobalArgs {
+    /// Database URL: postgres://user:password@host:port/db. Without it, the libpq variables
+    /// (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq's defaults.
+    #[arg(
+        long,
+        global = true,
+        env = "RELAYBUS_DATABASE_URL",
+        hide_env_values = true
+    )]
+    pub database_url: Option<String>,
+
+    /// Database schema that holds the relaybus tables.
+    #[arg(long, global = true, default_value = "public", value_name = "NAME")]
+    pub schema: String,
+
+    /// Prefix of every relaybus table, index and function name.
+    #[arg(
+        long,
+        global = true,
+        default_value = "relaybus_",
+        value_name = "PREFIX"
+    )]
+    pub prefix: String,
+
+    /// Print results as JSON for scripts (stable field names).
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// Send every statement unnamed, for poolers that cannot keep prepared statements
+    /// (PgBouncer before 1.21 in transaction mode).
+    #[arg(long, global = true)]
+    pub no_prepared_statements: bool,
+
+    /// How long a schema change waits for a lock before it fails, names the blocking session
+    /// and changes nothing.
+    #[arg(long, global = true, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub lock_timeout: Duration,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    Setup(setup::SetupArgs),
+    SchemaSql(schema_sql::SchemaSqlArgs),
+    Upgrade(upgrade::UpgradeArgs),
+    Publish(publish::PublishArgs),
+}
+
+/// Durations as `30s`, `5m`, `1h`, `250ms`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (use a duration like 30s, 5m, 250ms)"))
+}
+
+impl GlobalArgs {
+    pub fn namespace(&self) -> Result<Namespace> {
+        Ok(Namespace::new(&self.schema, &self.prefix)?)
+    }
+
+    /// The store of these options. Connections open on first use.
+    pub fn store(&self, options: StoreOptions) -> Result<PgStore> {
+        let ns = self.namespace()?;
+        let config = ConnectOptions::resolve(self.database_url.as_deref())?;
+        let connect = ConnectOptions::new(config, !self.no_prepared_statements, self.lock_timeout);
+        Ok(PgStore::new(connect, ns, options))
+    }
+}
+
+/// Runs the parsed command line; the error is printed by `main`.
+pub async fn run(cli: Cli) -> Result<ExitCode> {
+    let out = Output::new(cli.global.json);
+    let g = &cli.global;
+    match cli.command {
+        Command::Setup(args) => setup::run(g, &out, args).await,
+        Command::SchemaSql(args) => schema_sql::run(g, &out, args),
+        Command::Upgrade(args) => upgrade::run(g, &out, args).await,
+        Command::Publish(args) => publish::run(g, &out, args).await,
+    }
+}

@@ -1,0 +1,80 @@
+//! Where results go: stdout gets the result (a table, or JSON with `--json`), stderr gets
+//! progress, prompts and errors. Nothing decorative is printed when stdout is not a terminal.
+
+use std::io::{self, BufRead, IsTerminal, Write};
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+
+pub struct Output {
+    pub json: bool,
+}
+
+impl Output {
+    pub fn new(json: bool) -> Self {
+        Self { json }
+    }
+
+    /// Writes one line of result to stdout.
+    pub fn line(&self, text: impl AsRef<str>) -> Result<()> {
+        let mut stdout = io::stdout().lock();
+        writeln!(stdout, "{}", text.as_ref())?;
+        Ok(())
+    }
+
+    pub fn print_json(&self, value: &impl Serialize) -> Result<()> {
+        let mut stdout = io::stdout().lock();
+        serde_json::to_writer_pretty(&mut stdout, value)?;
+        writeln!(stdout)?;
+        Ok(())
+    }
+
+    /// Progress for a person watching: only when stderr is a terminal.
+    pub fn progress(&self, text: impl AsRef<str>) {
+        if io::stderr().is_terminal() {
+            eprintln!("{}", text.as_ref());
+        }
+    }
+
+    /// A plain-text table with aligned columns.
+    pub fn table(&self, headers: &[&str], rows: &[Vec<String>]) -> Result<()> {
+        let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+        for row in rows {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+        let render = |cells: Vec<&str>| {
+            let mut line = String::new();
+            for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+                if i + 1 == cells.len() {
+                    line.push_str(cell);
+                } else {
+                    line.push_str(&format!("{cell:<w$}  "));
+                }
+            }
+            line.trim_end().to_owned()
+        };
+        self.line(render(headers.to_vec()))?;
+        for row in rows {
+            self.line(render(row.iter().map(String::as_str).collect()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Asks before destructive work: `--yes` answers for scripts; on a terminal the user is asked;
+/// anywhere else the command refuses rather than guess.
+pub fn confirm(question: &str, yes: bool) -> Result<bool> {
+    if yes {
+        return Ok(true);
+    }
+    if !(io::stdin().is_terminal() && io::stderr().is_terminal()) {
+        bail!("{question} Not confirmed: standard input is not a terminal; rerun with --yes to proceed");
+    }
+    eprint!("{question} [y/N] ");
+    io::stderr().flush()?;
+    let mut answer = String::new();
+    io::stdin().lock().read_line(&mut answer)?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
+}

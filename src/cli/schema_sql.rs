@@ -1,0 +1,39 @@
+//! `relaybus schema-sql`: the schema as a script, rendered without a connection.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Args, ValueEnum};
+
+use super::{GlobalArgs, Output};
+use crate::store::postgres::{conversion_script, install_script};
+
+/// Print the schema as SQL for your own migration tool (Flyway, Atlas, sqitch, a DBA).
+///
+/// Connects to nothing. Without --from, prints the complete install script for an empty
+/// database; with --from 0.1, the in-place conversion of a 0.1 store. Both are idempotent:
+///
+///   relaybus schema-sql --schema app > relaybus.sql
+///   psql -v ON_ERROR_STOP=1 --single-transaction -f relaybus.sql
+#[derive(Debug, Args)]
+pub struct SchemaSqlArgs {
+    /// Render the conversion from this installed version instead of a fresh install.
+    #[arg(long, value_enum, value_name = "VERSION")]
+    pub from: Option<FromVersion>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum FromVersion {
+    #[value(name = "0.1")]
+    V01,
+}
+
+pub fn run(g: &GlobalArgs, out: &Output, args: SchemaSqlArgs) -> Result<ExitCode> {
+    let ns = g.namespace()?;
+    let script = match args.from {
+        Some(FromVersion::V01) => conversion_script(&ns),
+        None => install_script(&ns),
+    };
+    out.line(script.trim_end())?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,81 @@
+//! `relaybus setup`: install or complete the schema, or check it.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Args;
+use serde_json::json;
+
+use super::{GlobalArgs, Output};
+use crate::store::postgres::StoreOptions;
+use crate::store::{SchemaStatus, Store, SCHEMA_VERSION};
+
+/// Install the store, or bring it to the current schema in place.
+///
+/// Runs in one transaction under an advisory lock, any number of times: several setups started
+/// at once end with one correct schema. A 0.1 store is converted as `relaybus upgrade` would
+/// (see `relaybus upgrade --dry-run` first); it is refused while 0.1 workers hold leases.
+///
+/// With --check nothing is changed: exit 0 when the schema is current, 1 otherwise, with the
+/// installed version and the command to run.
+#[derive(Debug, Args)]
+pub struct SetupArgs {
+    /// Only check the installed version; change nothing.
+    #[arg(long)]
+    pub check: bool,
+}
+
+pub async fn run(g: &GlobalArgs, out: &Output, args: SetupArgs) -> Result<ExitCode> {
+    let store = g.store(StoreOptions {
+        pool_size: 2,
+        notify: false,
+    })?;
+    let ns = store.namespace();
+    let place = format!("schema \"{}\", prefix \"{}\"", ns.schema(), ns.prefix());
+    if args.check {
+        let status = store.schema_status().await?;
+        let current = status == SchemaStatus::Current;
+        if out.json {
+            out.print_json(&json!({
+                "current": current,
+                "installed": status.describe(),
+                "expected": SCHEMA_VERSION,
+            }))?;
+        } else if current {
+            out.line(format!(
+                "relaybus schema {SCHEMA_VERSION} is current ({place})"
+            ))?;
+        }
+        if !current {
+            let todo = match status {
+                SchemaStatus::V01 => "run `relaybus upgrade --dry-run` to see the conversion, then `relaybus upgrade`",
+                SchemaStatus::Newer { .. } => "use a newer relaybus binary",
+                _ => "run `relaybus setup`",
+            };
+            eprintln!(
+                "relaybus schema is {} in {place}, expected {SCHEMA_VERSION}; {todo}",
+                status.describe()
+            );
+            return Ok(ExitCode::from(1));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let outcome = store.setup(false).await?;
+    if out.json {
+        out.print_json(&json!({
+            "before": outcome.before.describe(),
+            "after": outcome.after.describe(),
+        }))?;
+    } else if outcome.before == SchemaStatus::Current {
+        out.line(format!(
+            "relaybus schema {SCHEMA_VERSION} already installed ({place}); nothing to do"
+        ))?;
+    } else {
+        out.line(format!(
+            "relaybus schema {} -> {} ({place})",
+            outcome.before.describe(),
+            outcome.after.describe()
+        ))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

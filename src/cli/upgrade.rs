@@ -1,0 +1,162 @@
+//! `relaybus upgrade`: the in-place 0.1 -> 0.2 conversion, planned, confirmed, then applied.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use serde_json::json;
+
+use super::output::confirm;
+use super::{GlobalArgs, Output};
+use crate::store::postgres::StoreOptions;
+use crate::store::{SchemaStatus, Store, StoreError, UpgradePlan};
+
+/// Convert a 0.1 store to 0.2 in place.
+///
+/// Prints the plan first (the version found, rows per step, indexes dropped and created), then
+/// asks for confirmation on a terminal (--yes in scripts) and applies it in one transaction. With
+/// --dry-run it stops after the plan, having written nothing. Stop every 0.1 worker first: the
+/// upgrade refuses while 0.1 deliveries hold unexpired leases unless --force is given. There is
+/// no down migration; take a backup. On a current store it says so and exits 0.
+#[derive(Debug, Args)]
+pub struct UpgradeArgs {
+    /// Print the plan and stop; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Do not ask for confirmation.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+    /// Convert even while 0.1 deliveries hold unexpired leases (their workers must be stopped).
+    #[arg(long)]
+    pub force: bool,
+}
+
+fn print_plan(out: &Output, plan: &UpgradePlan) -> Result<()> {
+    let c = &plan.counts;
+    out.line(format!("found: schema {}", plan.found.describe()))?;
+    out.line(format!(
+        "rows: {} events, {} deliveries ({} pending, {} processing -> pending, {} completed kept, {} dead)",
+        c.events, c.deliveries, c.pending, c.processing, c.completed, c.dead
+    ))?;
+    out.line("steps:")?;
+    for (i, s) in plan.steps.iter().enumerate() {
+        let rows = s.rows.map(|r| format!(" [{r} rows]")).unwrap_or_default();
+        out.line(format!(
+            "  {}. {}: {}{}",
+            i + 1,
+            s.name,
+            s.description,
+            rows
+        ))?;
+    }
+    let list = |v: &[String]| {
+        if v.is_empty() {
+            "none".to_owned()
+        } else {
+            v.join(", ")
+        }
+    };
+    out.line(format!("indexes dropped: {}", list(&plan.indexes_dropped)))?;
+    out.line(format!("indexes created: {}", list(&plan.indexes_created)))?;
+    out.line(format!("tables created: {}", list(&plan.tables_created)))?;
+    if plan.live_leases > 0 {
+        out.line(format!(
+            "live 0.1 leases: {} (until {})",
+            plan.live_leases,
+            plan.live_leases_until.as_deref().unwrap_or("?")
+        ))?;
+    }
+    Ok(())
+}
+
+pub async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Result<ExitCode> {
+    let store = g.store(StoreOptions {
+        pool_size: 2,
+        notify: false,
+    })?;
+    let ns = store.namespace().clone();
+    let plan = store.upgrade_plan().await?;
+    match &plan.found {
+        SchemaStatus::V01 => {}
+        SchemaStatus::Current => {
+            if out.json {
+                out.print_json(&json!({"found": "0.2", "applied": false, "plan": null}))?;
+            } else {
+                out.line("relaybus schema is already 0.2; nothing to upgrade")?;
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        SchemaStatus::NotInstalled => {
+            return Err(StoreError::NotInstalled {
+                schema: ns.schema().into(),
+                prefix: ns.prefix().into(),
+            }
+            .into())
+        }
+        SchemaStatus::Incomplete => {
+            bail!("the 0.2 schema is incomplete (no version row); run `relaybus setup` to complete it")
+        }
+        SchemaStatus::Newer { version } => {
+            return Err(StoreError::TooNew {
+                found: version.clone(),
+                supported: crate::store::SCHEMA_VERSION.into(),
+            }
+            .into())
+        }
+    }
+    if !out.json {
+        print_plan(out, &plan)?;
+    }
+    if args.dry_run {
+        if out.json {
+            out.print_json(&json!({"dry_run": true, "applied": false, "plan": plan}))?;
+        } else {
+            out.line("dry run: nothing was written")?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if plan.live_leases > 0 && !args.force {
+        return Err(StoreError::LiveLeases {
+            count: plan.live_leases,
+            until: plan.live_leases_until.clone().unwrap_or_default(),
+        }
+        .into());
+    }
+    let question = format!(
+        "Convert schema \"{}\" (prefix \"{}\") from 0.1 to 0.2 in place?",
+        ns.schema(),
+        ns.prefix()
+    );
+    if !confirm(&question, args.yes)? {
+        bail!("upgrade cancelled; nothing was written");
+    }
+    let started = Instant::now();
+    let progress = |step: &crate::store::UpgradeStep, i: usize, n: usize| {
+        out.progress(format!(
+            "[{i}/{n}] {} ({:.1}s)",
+            step.name,
+            started.elapsed().as_secs_f64()
+        ));
+    };
+    let outcome = store.upgrade(args.force, &progress).await?;
+    let seconds = started.elapsed().as_secs_f64();
+    if out.json {
+        out.print_json(&json!({
+            "dry_run": false,
+            "applied": true,
+            "before": outcome.before.describe(),
+            "after": outcome.after.describe(),
+            "seconds": seconds,
+            "plan": plan,
+        }))?;
+    } else {
+        out.line(format!(
+            "upgraded schema \"{}\" from {} to {} in {seconds:.1}s",
+            ns.schema(),
+            outcome.before.describe(),
+            outcome.after.describe()
+        ))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

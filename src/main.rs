@@ -1,0 +1,25 @@
+use std::io::ErrorKind;
+use std::process::ExitCode;
+
+use clap::Parser;
+use relaybus::cli::{self, Cli};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli::run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            // A closed pipe (`relaybus ... | head`) is the reader's choice, not a failure.
+            let broken_pipe = e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == ErrorKind::BrokenPipe)
+            });
+            if broken_pipe {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

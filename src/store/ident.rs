@@ -1,0 +1,115 @@
+//! Schema and prefix names. They are pasted into SQL text (statements are rendered once per
+//! store), so they are validated here and nowhere else: lower-case letters, digits and `_`,
+//! never a quote, and short enough that every object name fits PostgreSQL's 63 bytes.
+
+use super::StoreError;
+
+/// The longest object-name suffix the schema uses after the prefix.
+const LONGEST_SUFFIX: &str = "deliveries_event_handler_unique";
+const MAX_IDENT: usize = 63;
+
+/// Where the store lives: a validated schema name and table prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Namespace {
+    schema: String,
+    prefix: String,
+}
+
+impl Namespace {
+    pub fn new(schema: &str, prefix: &str) -> Result<Self, StoreError> {
+        check("schema", schema, false, MAX_IDENT)?;
+        check("prefix", prefix, true, MAX_IDENT - LONGEST_SUFFIX.len())?;
+        Ok(Self {
+            schema: schema.to_owned(),
+            prefix: prefix.to_owned(),
+        })
+    }
+
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Fills the `{{schema}}` and `{{prefix}}` placeholders of an embedded SQL text.
+    pub fn render(&self, sql: &str) -> String {
+        sql.replace("{{schema}}", &self.schema)
+            .replace("{{prefix}}", &self.prefix)
+    }
+
+    /// `"schema"."prefix<name>"`, quoted.
+    pub fn table(&self, name: &str) -> String {
+        format!("\"{}\".\"{}{}\"", self.schema, self.prefix, name)
+    }
+}
+
+fn check(what: &str, value: &str, may_be_empty: bool, max: usize) -> Result<(), StoreError> {
+    let invalid = |why: &str| StoreError::InvalidIdentifier {
+        what: what.to_owned(),
+        value: value.to_owned(),
+        why: why.to_owned(),
+        example: if what == "schema" {
+            "public"
+        } else {
+            "relaybus_"
+        },
+    };
+    if value.is_empty() {
+        return if may_be_empty {
+            Ok(())
+        } else {
+            Err(invalid("it is empty"))
+        };
+    }
+    if value.len() > max {
+        return Err(invalid(&format!("it is longer than {max} bytes")));
+    }
+    if !value
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        return Err(invalid(
+            "only lower-case ASCII letters, digits and `_` are allowed",
+        ));
+    }
+    if value.as_bytes()[0].is_ascii_digit() {
+        return Err(invalid("it must not start with a digit"));
+    }
+    if what == "schema" && value.starts_with("pg_") {
+        return Err(invalid(
+            "names starting with `pg_` are reserved by PostgreSQL",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_plain_names_and_refuses_the_rest() {
+        assert!(Namespace::new("public", "relaybus_").is_ok());
+        assert!(Namespace::new("tenant_7", "").is_ok());
+        for (schema, prefix) in [
+            ("Public", "relaybus_"),
+            ("public", "a\"b"),
+            ("7up", "x_"),
+            ("", "x_"),
+            ("pg_temp", "x_"),
+            ("public", "a;drop table x;"),
+        ] {
+            assert!(Namespace::new(schema, prefix).is_err(), "{schema} {prefix}");
+        }
+        let long = "p".repeat(33);
+        let err = Namespace::new("public", &long).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "invalid prefix `{long}`: it is longer than 32 bytes; pass a name like `relaybus_`"
+            )
+        );
+    }
+}

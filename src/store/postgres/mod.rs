@@ -1,0 +1,141 @@
+//! The PostgreSQL store: connections, the rendered statements, schema management and the
+//! delivery path. Statements are rendered once per store for its namespace; each is prepared
+//! once per connection.
+
+mod conn;
+mod notify;
+mod publish;
+mod schema;
+
+use std::sync::Arc;
+
+pub use conn::{redact_url, ConnectOptions};
+pub use notify::NOTIFY_INTERVAL;
+pub use schema::{conversion_script, install_script};
+
+use conn::{Pool, Sql};
+use notify::Notifier;
+use tokio_postgres::types::Type;
+
+use crate::store::{
+    Namespace, NewEvent, PublishedDelivery, Result, SchemaStatus, SetupOutcome, Store, UpgradePlan,
+    UpgradeStep,
+};
+
+/// The statements of one store, rendered for its namespace.
+pub(crate) struct Statements {
+    publish: Sql,
+}
+
+/// Statement slots: a connection's prepared statements are keyed by these.
+const SLOT_PUBLISH: usize = 0;
+const SLOT_NOTIFY: usize = 1;
+
+impl Statements {
+    fn render(ns: &Namespace) -> Self {
+        Self {
+            publish: Sql {
+                slot: SLOT_PUBLISH,
+                text: ns.render(publish::PUBLISH),
+                types: publish::PUBLISH_TYPES,
+            },
+        }
+    }
+}
+
+pub struct PgStore {
+    ns: Namespace,
+    pool: Arc<Pool>,
+    sql: Statements,
+    notifier: Arc<Notifier>,
+}
+
+/// How a store behaves beyond where it connects.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    pub pool_size: usize,
+    /// Send wake-up notifications after publishing (`false` for poolers that cannot LISTEN).
+    pub notify: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            pool_size: 10,
+            notify: true,
+        }
+    }
+}
+
+impl PgStore {
+    /// Creates the store; connections open on first use.
+    pub fn new(connect: ConnectOptions, ns: Namespace, options: StoreOptions) -> Self {
+        let pool = Arc::new(Pool::new(connect, options.pool_size));
+        let notify_sql = Sql {
+            slot: SLOT_NOTIFY,
+            text: format!("SELECT pg_notify('{}', '')", ns.render(notify::CHANNEL)),
+            types: &[] as &[Type],
+        };
+        Self {
+            notifier: Notifier::new(Arc::clone(&pool), notify_sql, options.notify),
+            sql: Statements::render(&ns),
+            ns,
+            pool,
+        }
+    }
+
+    pub fn namespace(&self) -> &Namespace {
+        &self.ns
+    }
+
+    /// Fails with the error a command should show unless the schema is current.
+    pub async fn require_current(&self) -> Result<()> {
+        let conn = self.pool.get().await?;
+        match self.detect(&conn.client).await? {
+            SchemaStatus::Current => Ok(()),
+            SchemaStatus::V01 => Err(crate::store::StoreError::Outdated),
+            SchemaStatus::Newer { version } => Err(crate::store::StoreError::TooNew {
+                found: version,
+                supported: crate::store::SCHEMA_VERSION.into(),
+            }),
+            SchemaStatus::NotInstalled | SchemaStatus::Incomplete => {
+                Err(crate::store::StoreError::NotInstalled {
+                    schema: self.ns.schema().into(),
+                    prefix: self.ns.prefix().into(),
+                })
+            }
+        }
+    }
+}
+
+impl Store for PgStore {
+    async fn schema_status(&self) -> Result<SchemaStatus> {
+        let conn = self.pool.get().await?;
+        self.detect(&conn.client).await
+    }
+
+    async fn setup(&self, force: bool) -> Result<SetupOutcome> {
+        self.setup_impl(force).await
+    }
+
+    async fn upgrade_plan(&self) -> Result<UpgradePlan> {
+        self.upgrade_plan_impl().await
+    }
+
+    async fn upgrade(
+        &self,
+        force: bool,
+        progress: &(dyn Fn(&UpgradeStep, usize, usize) + Sync),
+    ) -> Result<SetupOutcome> {
+        self.upgrade_impl(force, progress).await
+    }
+
+    async fn publish(&self, events: &[NewEvent]) -> Result<Vec<PublishedDelivery>> {
+        self.publish_impl(events).await
+    }
+
+    async fn notify(&self) -> Result<()> {
+        self.notifier.send().await;
+        Ok(())
+    }
+}

@@ -1,0 +1,180 @@
+//! Domain types shared by every store and by the commands.
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// The schema version this binary installs and works with.
+pub const SCHEMA_VERSION: &str = "0.2";
+
+/// What is installed in a namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum SchemaStatus {
+    NotInstalled,
+    /// A 0.1 store (deliveries still carry `lease_token`).
+    V01,
+    /// Tables exist but the version row is missing: an interrupted or hand-applied install.
+    Incomplete,
+    Current,
+    Newer {
+        version: String,
+    },
+}
+
+impl SchemaStatus {
+    pub fn describe(&self) -> String {
+        match self {
+            SchemaStatus::NotInstalled => "not installed".into(),
+            SchemaStatus::V01 => "0.1".into(),
+            SchemaStatus::Incomplete => "0.2 (incomplete)".into(),
+            SchemaStatus::Current => SCHEMA_VERSION.into(),
+            SchemaStatus::Newer { version } => version.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SetupOutcome {
+    pub before: SchemaStatus,
+    pub after: SchemaStatus,
+}
+
+/// One step of the 0.1 -> 0.2 conversion, as planned.
+#[derive(Clone, Debug, Serialize)]
+pub struct UpgradeStep {
+    pub name: String,
+    pub description: String,
+    /// Rows the step rewrites, where it rewrites rows.
+    pub rows: Option<i64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct UpgradePlan {
+    pub found: SchemaStatus,
+    pub steps: Vec<UpgradeStep>,
+    pub counts: UpgradeCounts,
+    pub indexes_dropped: Vec<String>,
+    pub indexes_created: Vec<String>,
+    pub tables_created: Vec<String>,
+    pub live_leases: i64,
+    pub live_leases_until: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct UpgradeCounts {
+    pub events: i64,
+    pub deliveries: i64,
+    pub pending: i64,
+    pub processing: i64,
+    pub completed: i64,
+    pub dead: i64,
+}
+
+/// An event to publish, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewEvent {
+    pub id: String,
+    pub event_type: String,
+    pub key: Option<String>,
+    pub payload: Value,
+    pub headers: Map<String, Value>,
+    pub handlers: Vec<String>,
+}
+
+/// A delivery created by a publish (handlers the event already had create none).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PublishedDelivery {
+    pub event_id: String,
+    pub handler: String,
+    pub delivery_id: String,
+}
+
+/// Limits applied to events before they are published.
+#[derive(Clone, Debug)]
+pub struct EventLimits {
+    /// Largest payload, in bytes of its JSON text.
+    pub max_payload_bytes: usize,
+}
+
+impl NewEvent {
+    /// Validates one event given as JSON: `{"id", "type", "key", "payload", "headers",
+    /// "handlers"}`. A missing `id` is generated (time-ordered UUID); missing `handlers` take
+    /// `default_handlers`. The error says what is wrong, without position (the caller adds it).
+    pub fn from_json(
+        value: Value,
+        default_handlers: &[String],
+        limits: &EventLimits,
+    ) -> Result<NewEvent, String> {
+        let Value::Object(mut obj) = value else {
+            return Err("expected a JSON object".into());
+        };
+        for field in obj.keys() {
+            if !["id", "type", "key", "payload", "headers", "handlers"].contains(&field.as_str()) {
+                return Err(format!(
+                    "unknown field `{field}` (expected id, type, key, payload, headers, handlers)"
+                ));
+            }
+        }
+        let text = |obj: &mut Map<String, Value>, field: &str| -> Result<Option<String>, String> {
+            match obj.remove(field) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::String(s)) if s.is_empty() => Err(format!("`{field}` is empty")),
+                Some(Value::String(s)) => Ok(Some(s)),
+                Some(_) => Err(format!("`{field}` must be a string")),
+            }
+        };
+        let id = text(&mut obj, "id")?.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let event_type = text(&mut obj, "type")?.ok_or("missing `type`")?;
+        let key = text(&mut obj, "key")?;
+        let payload = obj.remove("payload").unwrap_or(Value::Null);
+        let headers = match obj.remove("headers") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(m)) => m,
+            Some(_) => return Err("`headers` must be an object".into()),
+        };
+        let handlers = match obj.remove("handlers") {
+            None | Some(Value::Null) => default_handlers.to_vec(),
+            Some(Value::Array(items)) => items
+                .into_iter()
+                .map(|h| match h {
+                    Value::String(s) if !s.is_empty() => Ok(s),
+                    _ => Err("`handlers` must hold non-empty strings".to_owned()),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err("`handlers` must be an array of strings".into()),
+        };
+        NewEvent::new(id, event_type, key, payload, headers, handlers, limits)
+    }
+
+    /// Checks an event's fields and builds it.
+    pub fn new(
+        id: String,
+        event_type: String,
+        key: Option<String>,
+        payload: Value,
+        headers: Map<String, Value>,
+        mut handlers: Vec<String>,
+        limits: &EventLimits,
+    ) -> Result<NewEvent, String> {
+        if handlers.is_empty() {
+            return Err("no handlers: give `handlers` (or --handler)".into());
+        }
+        let mut seen = std::collections::HashSet::new();
+        handlers.retain(|h| seen.insert(h.clone()));
+        let size = serde_json::to_vec(&payload).map(|v| v.len()).unwrap_or(0);
+        if size > limits.max_payload_bytes {
+            return Err(format!(
+                "payload is {size} bytes, over the limit of {} (--max-payload-bytes)",
+                limits.max_payload_bytes
+            ));
+        }
+        Ok(NewEvent {
+            id,
+            event_type,
+            key,
+            payload,
+            headers,
+            handlers,
+        })
+    }
+}

@@ -1,0 +1,132 @@
+//! Shared test fixtures: a throwaway schema per test and helpers to run the binary.
+
+use std::process::Output;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use assert_cmd::Command;
+use tokio_postgres::{Client, NoTls, Row};
+
+pub fn database_url() -> String {
+    std::env::var("RELAYBUS_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+pub fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    })
+}
+
+pub fn connect() -> Client {
+    runtime().block_on(async {
+        let (client, conn) = tokio_postgres::connect(&database_url(), NoTls)
+            .await
+            .expect("the test database is reachable (set RELAYBUS_TEST_DATABASE_URL)");
+        tokio::spawn(conn);
+        client
+    })
+}
+
+/// A schema of its own for one test, dropped when the test ends.
+pub struct TestSchema {
+    pub name: String,
+    pub client: Client,
+}
+
+impl TestSchema {
+    /// An empty schema name (nothing created yet).
+    pub fn new(test: &str) -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let name = format!(
+            "t{}_{}_{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed),
+            test
+        );
+        let client = connect();
+        runtime()
+            .block_on(client.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE")))
+            .unwrap();
+        Self { name, client }
+    }
+
+    /// A schema with relaybus installed by `relaybus setup`.
+    pub fn installed(test: &str) -> Self {
+        let s = Self::new(test);
+        s.cmd().arg("setup").assert().success();
+        s
+    }
+
+    /// A schema holding the reconstructed 0.1 store.
+    pub fn with_fixture_0_1(test: &str) -> Self {
+        let s = Self::new(test);
+        s.exec(&s.render(include_str!("../../sql/fixtures/store-0.1.sql")));
+        s
+    }
+
+    pub fn render(&self, sql: &str) -> String {
+        sql.replace("{{schema}}", &self.name)
+            .replace("{{prefix}}", "relaybus_")
+    }
+
+    pub fn table(&self, name: &str) -> String {
+        format!("\"{}\".relaybus_{name}", self.name)
+    }
+
+    /// The binary, pointed at this schema.
+    pub fn cmd(&self) -> Command {
+        let mut cmd = Command::cargo_bin("relaybus").unwrap();
+        cmd.env("RELAYBUS_DATABASE_URL", database_url())
+            .env_remove("RELAYBUS_WEBHOOK_SECRET")
+            .args(["--schema", &self.name]);
+        cmd
+    }
+
+    pub fn exec(&self, sql: &str) {
+        runtime()
+            .block_on(self.client.batch_execute(sql))
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+    }
+
+    pub fn query(&self, sql: &str) -> Vec<Row> {
+        runtime()
+            .block_on(self.client.query(sql, &[]))
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+    }
+
+    /// Every row of a query as text, columns joined by `|`, NULL spelled out.
+    pub fn rows(&self, sql: &str) -> Vec<String> {
+        let wrapped = format!(
+            "SELECT array_to_string(ARRAY(SELECT coalesce(value, 'NULL') \
+               FROM json_each_text(row_to_json(q))), '|') FROM ({sql}) q"
+        );
+        self.query(&wrapped).iter().map(|r| r.get(0)).collect()
+    }
+
+    pub fn count(&self, sql: &str) -> i64 {
+        self.query(sql)[0].get(0)
+    }
+}
+
+impl Drop for TestSchema {
+    fn drop(&mut self) {
+        let _ = runtime().block_on(
+            self.client
+                .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name)),
+        );
+    }
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}

@@ -1,0 +1,6 @@
+//! End-to-end tests: the real binary against a real PostgreSQL (RELAYBUS_TEST_DATABASE_URL,
+//! default the local server), each test in a schema of its own.
+
+mod common;
+mod publish;
+mod schema;

@@ -1,0 +1,265 @@
+//! publish: flags, NDJSON, idempotency and per-key sequences.
+
+use std::collections::HashMap;
+
+use relaybus::store::postgres::{ConnectOptions, PgStore, StoreOptions};
+use relaybus::store::{EventLimits, Namespace, NewEvent, Store};
+use serde_json::json;
+
+use crate::common::{database_url, runtime, stderr, stdout, TestSchema};
+
+fn store(s: &TestSchema) -> PgStore {
+    let config = ConnectOptions::resolve(Some(&database_url())).unwrap();
+    PgStore::new(
+        ConnectOptions::new(config, true, std::time::Duration::from_secs(10)),
+        Namespace::new(&s.name, "relaybus_").unwrap(),
+        StoreOptions::default(),
+    )
+}
+
+#[test]
+fn publish_from_flags_writes_one_event_and_its_deliveries() {
+    let s = TestSchema::installed("publish_flags");
+    s.cmd()
+        .args([
+            "publish",
+            "--type",
+            "order.paid",
+            "--key",
+            "order-7",
+            "--id",
+            "ev-1",
+            "--handler",
+            "billing",
+            "--handler",
+            "email",
+            "--header",
+            "trace=abc",
+            "--data",
+            r#"{"total": 42}"#,
+        ])
+        .assert()
+        .success()
+        .stdout("ev-1\n");
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT id, type, key, payload, headers, handlers::text FROM {}",
+            s.table("events")
+        )),
+        [r#"ev-1|order.paid|order-7|{"total": 42}|{"trace": "abc"}|{billing,email}"#]
+    );
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT event_id, handler, lane, key, sequence, status, attempts, claims FROM {} ORDER BY handler",
+            s.table("deliveries")
+        )),
+        ["ev-1|billing|251|order-7|1|pending|0|0", "ev-1|email|251|order-7|1|pending|0|0"]
+    );
+}
+
+#[test]
+fn republishing_adds_deliveries_only_for_new_handlers() {
+    let s = TestSchema::installed("publish_idempotent");
+    let publish = |handlers: &[&str]| {
+        let mut args = vec!["publish", "--json", "--type", "t", "--id", "ev-1"];
+        for h in handlers {
+            args.extend(["--handler", h]);
+        }
+        let out = s.cmd().args(&args).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["deliveries"].clone()
+    };
+    assert_eq!(publish(&["a", "b"]), 2);
+    assert_eq!(publish(&["a", "b"]), 0);
+    // `a` completes: its delivery row is deleted, and a redelivery of the event must not run it.
+    s.exec(&format!(
+        "DELETE FROM {} WHERE handler = 'a'",
+        s.table("deliveries")
+    ));
+    assert_eq!(publish(&["a", "b", "c"]), 1);
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT handler FROM {} ORDER BY handler",
+            s.table("deliveries")
+        )),
+        ["b", "c"]
+    );
+    assert_eq!(
+        s.rows(&format!("SELECT handlers::text FROM {}", s.table("events"))),
+        ["{a,b,c}"]
+    );
+}
+
+#[test]
+fn ndjson_is_published_in_atomic_batches_and_a_bad_line_is_named() {
+    let s = TestSchema::installed("publish_ndjson");
+    let input = [
+        r#"{"id": "e1", "type": "a", "handlers": ["h"]}"#,
+        r#"{"id": "e2", "type": "a", "key": "k", "payload": {"n": 2}}"#,
+        r#"{"id": "e3", "type": "a", "handlers": ["h", "i"]}"#,
+        r#"{"id": "e4", "handlers": ["h"]}"#,
+        r#"{"id": "e5", "type": "a"}"#,
+    ]
+    .join("\n");
+    let out = s
+        .cmd()
+        .args(["publish", "--handler", "dflt", "--batch-size", "2"])
+        .write_stdin(input)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        "error: invalid event on line 4: missing `type`; nothing of its batch was written (2 events of earlier batches were published)\n"
+    );
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT event_id, handler FROM {} ORDER BY 1, 2",
+            s.table("deliveries")
+        )),
+        ["e1|h", "e2|dflt"]
+    );
+    let out = s
+        .cmd()
+        .args(["publish", "--max-payload-bytes", "10"])
+        .write_stdin(
+            "{\"type\": \"a\", \"handlers\": [\"h\"], \"payload\": \"0123456789\"}\nnot json\n",
+        )
+        .output()
+        .unwrap();
+    assert_eq!(
+        stderr(&out),
+        "error: invalid event on line 1: payload is 12 bytes, over the limit of 10 (--max-payload-bytes); nothing of its batch was written (0 events of earlier batches were published)\n"
+    );
+    let out = s
+        .cmd()
+        .arg("publish")
+        .write_stdin("{\"type\": \"a\"}\n")
+        .output()
+        .unwrap();
+    assert!(stderr(&out).contains("line 1: no handlers: give `handlers` (or --handler)"));
+    let ok = s
+        .cmd()
+        .args(["publish", "--handler", "h"])
+        .write_stdin("{\"id\": \"x1\", \"type\": \"a\"}\n\n{\"id\": \"x2\", \"type\": \"a\"}\n")
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&ok), "x1\nx2\n");
+}
+
+#[test]
+fn publish_refuses_an_uninstalled_or_0_1_store() {
+    let s = TestSchema::with_fixture_0_1("publish_v01");
+    let out = s
+        .cmd()
+        .args(["publish", "--type", "a", "--handler", "h"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        "error: the database is at schema 0.1; run `relaybus upgrade --dry-run` to see the conversion, then `relaybus upgrade`\n"
+    );
+}
+
+#[test]
+fn eight_concurrent_publishers_get_gapless_per_key_sequences_in_their_own_order() {
+    let s = TestSchema::installed("publish_concurrent");
+    let limits = EventLimits {
+        max_payload_bytes: 1 << 20,
+    };
+    runtime().block_on(async {
+        let mut tasks = vec![];
+        for p in 0..8 {
+            let store = store(&s);
+            let limits = limits.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..40 {
+                    let batch: Vec<NewEvent> = (0..(i % 3 + 1))
+                        .map(|j| {
+                            NewEvent::new(
+                                format!("p{p}-{i}-{j}"),
+                                "t".into(),
+                                Some(format!("key-{}", (i + j) % 3)),
+                                json!({"p": p}),
+                                Default::default(),
+                                vec!["h1".into(), "h2".into()],
+                                &limits,
+                            )
+                            .unwrap()
+                        })
+                        .collect();
+                    store.publish(&batch).await.unwrap();
+                    // Publishing the same batch again must add nothing.
+                    assert!(store.publish(&batch).await.unwrap().is_empty());
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    let total_events = 8 * (0..40).map(|i| i % 3 + 1).sum::<i64>();
+    assert_eq!(
+        s.count(&format!("SELECT count(*) FROM {}", s.table("events"))),
+        total_events
+    );
+    assert_eq!(
+        s.count(&format!("SELECT count(*) FROM {}", s.table("deliveries"))),
+        2 * total_events
+    );
+    // Per key: sequences are 1..n without gaps, shared by both handlers of an event.
+    let rows = s.query(&format!(
+        "SELECT key, count(DISTINCT sequence), min(sequence), max(sequence), \
+                count(*) FILTER (WHERE handler = 'h1'), count(DISTINCT (event_id, sequence)) \
+           FROM {} GROUP BY key ORDER BY key",
+        s.table("deliveries")
+    ));
+    let mut per_key_total = 0;
+    for r in &rows {
+        let (distinct, min, max, events, pairs): (i64, i64, i64, i64, i64) =
+            (r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
+        assert_eq!((distinct, min, max, pairs), (events, 1, events, events));
+        per_key_total += events;
+    }
+    assert_eq!(per_key_total, total_events);
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT key, last_sequence FROM {} ORDER BY key",
+            s.table("key_sequences")
+        )),
+        rows.iter()
+            .map(|r| format!("{}|{}", r.get::<_, String>(0), r.get::<_, i64>(4)))
+            .collect::<Vec<_>>()
+    );
+    // Each publisher published sequentially, so its events of one key are in increasing order.
+    let seq = s.query(&format!(
+        "SELECT event_id, key, sequence FROM {} WHERE handler = 'h1'",
+        s.table("deliveries")
+    ));
+    let mut last: HashMap<(String, String), (usize, usize, i64)> = HashMap::new();
+    let mut ordered: Vec<(usize, usize, usize, String, i64)> = seq
+        .iter()
+        .map(|r| {
+            let id: String = r.get(0);
+            let parts: Vec<usize> = id[1..].split('-').map(|x| x.parse().unwrap()).collect();
+            (
+                parts[0],
+                parts[1],
+                parts[2],
+                r.get::<_, String>(1),
+                r.get::<_, i64>(2),
+            )
+        })
+        .collect();
+    ordered.sort();
+    for (p, i, j, key, sequence) in ordered {
+        if let Some(&(pi, pj, prev)) = last.get(&(p.to_string(), key.clone())) {
+            assert!(
+                sequence > prev,
+                "publisher {p}: event {i}-{j} after {pi}-{pj} on {key}"
+            );
+        }
+        last.insert((p.to_string(), key), (i, j, sequence));
+    }
+}

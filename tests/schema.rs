@@ -1,0 +1,469 @@
+//! setup, schema-sql and upgrade against the real server.
+
+use crate::common::{stderr, stdout, TestSchema};
+
+/// The catalog of a schema: tables, columns, indexes, constraints and storage options.
+fn catalog(s: &TestSchema) -> Vec<String> {
+    let n = &s.name;
+    let mut out = s.rows(&format!(
+        "SELECT 'table', c.relname, coalesce(array_to_string(c.reloptions, ','), '') \
+           FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace \
+          WHERE ns.nspname = '{n}' AND c.relkind = 'r' ORDER BY c.relname"
+    ));
+    out.extend(s.rows(&format!(
+        "SELECT 'column', table_name, column_name, data_type, is_nullable, coalesce(column_default, '') \
+           FROM information_schema.columns WHERE table_schema = '{n}' ORDER BY table_name, column_name"
+    )));
+    out.extend(s.rows(&format!(
+        "SELECT 'index', indexname, replace(indexdef, '{n}.', 'S.') FROM pg_indexes \
+          WHERE schemaname = '{n}' ORDER BY indexname"
+    )));
+    out.extend(s.rows(&format!(
+        "SELECT 'constraint', conname, replace(pg_get_constraintdef(c.oid), '{n}.', 'S.') \
+           FROM pg_constraint c JOIN pg_namespace ns ON ns.oid = c.connamespace \
+          WHERE ns.nspname = '{n}' ORDER BY conname"
+    )));
+    out
+}
+
+/// Catalog plus the physical identity of every row (ctid, xmin): unchanged means nothing was
+/// written, not merely that the values match.
+fn snapshot(s: &TestSchema) -> Vec<String> {
+    let mut out = catalog(s);
+    out.extend(s.rows(&format!(
+        "SELECT c.relname, c.relfilenode, c.oid FROM pg_class c JOIN pg_namespace ns \
+           ON ns.oid = c.relnamespace WHERE ns.nspname = '{}' ORDER BY c.relname",
+        s.name
+    )));
+    for table in ["events", "deliveries", "key_sequences"] {
+        out.extend(s.rows(&format!(
+            "SELECT ctid, xmin, t::text FROM {} t ORDER BY ctid",
+            s.table(table)
+        )));
+    }
+    out
+}
+
+#[test]
+fn install_creates_exactly_the_0_2_catalog() {
+    let s = TestSchema::installed("install");
+    let tables = s.rows(&format!(
+        "SELECT c.relname, coalesce(array_to_string(c.reloptions, ','), '-') FROM pg_class c \
+           JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = '{}' AND c.relkind = 'r' \
+          ORDER BY 1",
+        s.name
+    ));
+    assert_eq!(
+        tables,
+        [
+            "relaybus_completions|-",
+            "relaybus_deliveries|autovacuum_vacuum_scale_factor=0.02",
+            "relaybus_events|-",
+            "relaybus_key_sequences|-",
+            "relaybus_lanes|fillfactor=50",
+            "relaybus_schema|-",
+        ]
+    );
+    let columns = s.rows(&format!(
+        "SELECT column_name, data_type, is_nullable FROM information_schema.columns \
+          WHERE table_schema = '{}' AND table_name = 'relaybus_deliveries' ORDER BY ordinal_position",
+        s.name
+    ));
+    assert_eq!(
+        columns,
+        [
+            "id|text|NO",
+            "event_id|text|NO",
+            "handler|text|NO",
+            "lane|smallint|NO",
+            "key|text|YES",
+            "sequence|bigint|YES",
+            "status|text|NO",
+            "attempts|integer|NO",
+            "claims|integer|NO",
+            "available_at|timestamp with time zone|NO",
+            "last_error|text|YES",
+            "created_at|timestamp with time zone|NO",
+            "updated_at|timestamp with time zone|NO",
+            "completed_at|timestamp with time zone|YES",
+        ]
+    );
+    let indexes = s.rows(&format!(
+        "SELECT tablename, replace(indexdef, '{}.', '') FROM pg_indexes WHERE schemaname = '{}' \
+          AND tablename IN ('relaybus_deliveries', 'relaybus_lanes') ORDER BY indexname",
+        s.name, s.name
+    ));
+    assert_eq!(
+        indexes,
+        [
+            "relaybus_deliveries|CREATE INDEX relaybus_deliveries_dead_idx ON relaybus_deliveries USING btree (updated_at, id) WHERE (status = 'dead'::text)",
+            "relaybus_deliveries|CREATE UNIQUE INDEX relaybus_deliveries_event_handler_unique ON relaybus_deliveries USING btree (event_id, handler)",
+            "relaybus_deliveries|CREATE INDEX relaybus_deliveries_lane_due_idx ON relaybus_deliveries USING btree (lane, available_at, id) WHERE (status = 'pending'::text)",
+            "relaybus_deliveries|CREATE INDEX relaybus_deliveries_lane_key_idx ON relaybus_deliveries USING btree (lane, handler, key, sequence) WHERE ((key IS NOT NULL) AND (status = 'pending'::text))",
+            "relaybus_deliveries|CREATE UNIQUE INDEX relaybus_deliveries_pkey ON relaybus_deliveries USING btree (id)",
+            "relaybus_lanes|CREATE UNIQUE INDEX relaybus_lanes_pkey ON relaybus_lanes USING btree (lane)",
+        ]
+    );
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT count(*), min(lane), max(lane), sum(epoch), count(lease_owner), \
+                    sum(cardinality(in_flight)) FROM {}",
+            s.table("lanes")
+        )),
+        ["256|0|255|0|0|0"]
+    );
+    assert_eq!(
+        s.rows(&format!("SELECT version FROM {}", s.table("schema"))),
+        ["0.2"]
+    );
+}
+
+#[test]
+fn setup_twice_and_check() {
+    let s = TestSchema::new("setup_check");
+    let out = s.cmd().args(["setup", "--check"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        format!("relaybus schema is not installed in schema \"{}\", prefix \"relaybus_\", expected 0.2; run `relaybus setup`\n", s.name)
+    );
+    s.cmd().arg("setup").assert().success().stdout(format!(
+        "relaybus schema not installed -> 0.2 (schema \"{}\", prefix \"relaybus_\")\n",
+        s.name
+    ));
+    let first = snapshot(&s);
+    s.cmd().arg("setup").assert().success().stdout(format!(
+        "relaybus schema 0.2 already installed (schema \"{}\", prefix \"relaybus_\"); nothing to do\n",
+        s.name
+    ));
+    assert_eq!(snapshot(&s), first);
+    s.cmd()
+        .args(["setup", "--check", "--json"])
+        .assert()
+        .success()
+        .stdout("{\n  \"current\": true,\n  \"expected\": \"0.2\",\n  \"installed\": \"0.2\"\n}\n");
+}
+
+#[test]
+fn concurrent_setups_end_with_one_correct_schema() {
+    let s = TestSchema::new("concurrent_setup");
+    let handles: Vec<_> = (0..6)
+        .map(|_| {
+            let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("relaybus"));
+            cmd.env("RELAYBUS_DATABASE_URL", crate::common::database_url())
+                .args(["--schema", &s.name, "setup"])
+                .stdout(std::process::Stdio::null());
+            cmd.spawn().unwrap()
+        })
+        .collect();
+    for mut h in handles {
+        assert!(h.wait().unwrap().success());
+    }
+    let reference = TestSchema::installed("concurrent_ref");
+    let normalise = |rows: Vec<String>, name: &str| -> Vec<String> {
+        rows.into_iter().map(|r| r.replace(name, "S")).collect()
+    };
+    assert_eq!(
+        normalise(catalog(&s), &s.name),
+        normalise(catalog(&reference), &reference.name)
+    );
+    assert_eq!(
+        s.count(&format!("SELECT count(*) FROM {}", s.table("lanes"))),
+        256
+    );
+}
+
+#[test]
+fn lane_hash_is_the_same_in_rust_and_sql() {
+    let s = TestSchema::installed("lane_hash");
+    let vectors = [
+        "",
+        "a",
+        "order-7",
+        "héllo-ключ-鍵",
+        "🦀 emoji",
+        "0195c2a0-7f4e-7cc1-a1c4-5d41402abc4b",
+    ];
+    for v in vectors {
+        let sql: i16 = crate::common::runtime()
+            .block_on(s.client.query_one(
+                &format!("SELECT \"{}\".relaybus_lane_of($1)", s.name),
+                &[&v],
+            ))
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            sql,
+            relaybus::store::lane::lane_of(Some(v), "x"),
+            "vector {v:?}"
+        );
+    }
+    assert_eq!(relaybus::store::lane::lane_of(None, ""), 197);
+    assert_eq!(relaybus::store::lane::lane_of(Some("a"), ""), 44);
+    assert_eq!(
+        relaybus::store::lane::lane_of(Some("héllo-ключ-鍵"), ""),
+        235
+    );
+}
+
+#[test]
+fn schema_sql_applies_to_an_empty_database_and_again_changes_nothing() {
+    let s = TestSchema::new("schema_sql");
+    let out = s.cmd().arg("schema-sql").output().unwrap();
+    assert!(out.status.success());
+    let script = stdout(&out);
+    assert!(script.starts_with("-- relaybus "), "{script}");
+    assert!(script.contains(&format!("CREATE SCHEMA IF NOT EXISTS \"{}\";", s.name)));
+    let wrap = |sql: &str| format!("BEGIN;\n{sql}\nCOMMIT;");
+    s.exec(&wrap(&script));
+    let first = snapshot(&s);
+    s.exec(&wrap(&script));
+    assert_eq!(snapshot(&s), first);
+    s.cmd().args(["setup", "--check"]).assert().success();
+    // Rendering needs no connection at all.
+    s.cmd()
+        .env(
+            "RELAYBUS_DATABASE_URL",
+            "postgres://nobody@127.0.0.1:1/none",
+        )
+        .arg("schema-sql")
+        .assert()
+        .success();
+}
+
+/// The rows of a converted fixture, as `relaybus upgrade` and the script must leave them.
+fn assert_converted(s: &TestSchema) {
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT id, event_id, handler, lane, coalesce(key, '-'), status, attempts, claims, \
+                    coalesce(last_error, '-') FROM {} ORDER BY id",
+            s.table("deliveries")
+        )),
+        [
+            "d-1a|ev-1|billing|251|order-7|completed|1|0|-",
+            "d-1b|ev-1|email|251|order-7|pending|2|0|timeout",
+            "d-2a|ev-2|billing|251|order-7|pending|0|0|-",
+            "d-3a|ev-3|email|234|-|pending|1|0|-",
+            "d-4a|ev-4|email|11|-|dead|25|0|HTTP 500",
+            "d-4b|ev-4|crm|11|-|pending|3|0|connection refused",
+            "d-5a|ev-5|billing|235|héllo-ключ-鍵|dead|25|0|exit 65",
+            "d-6a|ev-6|crm|49|-|completed|1|0|-",
+        ]
+    );
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT id, handlers::text FROM {} ORDER BY id",
+            s.table("events")
+        )),
+        [
+            "ev-1|{billing,email}",
+            "ev-2|{billing}",
+            "ev-3|{email}",
+            "ev-4|{crm,email}",
+            "ev-5|{billing}",
+            "ev-6|{crm}",
+        ]
+    );
+    // Lanes match the SQL function for every row.
+    assert_eq!(
+        s.count(&format!(
+            "SELECT count(*) FROM {} WHERE lane <> \"{}\".relaybus_lane_of(coalesce(key, event_id))",
+            s.table("deliveries"),
+            s.name
+        )),
+        0
+    );
+    let reference = TestSchema::installed("converted_ref");
+    let indexes = |t: &TestSchema| {
+        t.rows(&format!(
+            "SELECT indexname, replace(indexdef, '{}.', '') FROM pg_indexes WHERE schemaname = '{}' ORDER BY 1",
+            t.name, t.name
+        ))
+    };
+    assert_eq!(indexes(s), indexes(&reference));
+    let options = |t: &TestSchema| {
+        t.rows(&format!(
+            "SELECT c.relname, coalesce(array_to_string(c.reloptions, ','), '-') FROM pg_class c \
+               JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = '{}' AND c.relkind = 'r' ORDER BY 1",
+            t.name
+        ))
+    };
+    assert_eq!(options(s), options(&reference));
+    assert_eq!(
+        s.count(&format!("SELECT count(*) FROM {}", s.table("lanes"))),
+        256
+    );
+}
+
+#[test]
+fn upgrade_converts_the_0_1_fixture_and_a_second_run_changes_nothing() {
+    let s = TestSchema::with_fixture_0_1("upgrade");
+    let out = s.cmd().args(["upgrade", "--yes"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.starts_with("found: schema 0.1\nrows: 6 events, 8 deliveries (2 pending, 2 processing -> pending, 2 completed kept, 2 dead)\nsteps:\n"), "{text}");
+    assert!(text.contains("  2. events-handlers: fill events.handlers from every delivery, completed ones included, so nothing completed under 0.1 runs again [6 rows]\n"), "{text}");
+    assert!(text.contains("indexes dropped: relaybus_deliveries_due_idx, relaybus_deliveries_due_unkeyed_idx, relaybus_deliveries_completed_idx, relaybus_deliveries_handler_created_idx, relaybus_deliveries_status_created_idx, relaybus_deliveries_key_sequence_idx, relaybus_deliveries_processing_idx, relaybus_deliveries_dead_purge_idx\n"), "{text}");
+    assert!(text.contains("indexes created: relaybus_deliveries_lane_due_idx, relaybus_deliveries_lane_key_idx, relaybus_deliveries_dead_idx, relaybus_completions_completed_idx\n"), "{text}");
+    assert!(
+        text.contains("tables created: relaybus_lanes, relaybus_completions, relaybus_schema\n"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("from 0.1 to 0.2 in ") || text.contains("\" from 0.1 to 0.2 in "),
+        "{text}"
+    );
+    assert_converted(&s);
+    let after_first = snapshot(&s);
+    s.cmd()
+        .args(["upgrade", "--yes"])
+        .assert()
+        .success()
+        .stdout("relaybus schema is already 0.2; nothing to upgrade\n");
+    s.cmd().arg("setup").assert().success();
+    assert_eq!(snapshot(&s), after_first);
+}
+
+#[test]
+fn conversion_script_applied_twice_converts_the_fixture_once() {
+    let s = TestSchema::with_fixture_0_1("convert_script");
+    let out = s
+        .cmd()
+        .args(["schema-sql", "--from", "0.1"])
+        .output()
+        .unwrap();
+    let script = format!("BEGIN;\n{}\nCOMMIT;", stdout(&out));
+    s.exec(&script);
+    assert_converted(&s);
+    let first = snapshot(&s);
+    s.exec(&script);
+    assert_eq!(snapshot(&s), first);
+}
+
+#[test]
+fn upgrade_dry_run_writes_nothing() {
+    let s = TestSchema::with_fixture_0_1("dry_run");
+    let before = snapshot(&s);
+    let out = s.cmd().args(["upgrade", "--dry-run"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).ends_with("dry run: nothing was written\n"));
+    let json = s
+        .cmd()
+        .args(["upgrade", "--dry-run", "--json"])
+        .output()
+        .unwrap();
+    let plan: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(plan["applied"], false);
+    assert_eq!(plan["plan"]["counts"]["processing"], 2);
+    assert_eq!(plan["plan"]["steps"].as_array().unwrap().len(), 6);
+    assert_eq!(snapshot(&s), before);
+}
+
+#[test]
+fn upgrade_refuses_live_0_1_leases_unless_forced() {
+    let s = TestSchema::with_fixture_0_1("live_leases");
+    s.exec(&format!(
+        "UPDATE {} SET lease_expires_at = '2999-01-01 00:00:00+00' WHERE id = 'd-3a'",
+        s.table("deliveries")
+    ));
+    let before = snapshot(&s);
+    let out = s.cmd().args(["upgrade", "--yes"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("error: 1 deliveries are still leased by 0.1 workers (until 2999-01-01 00:00:00+00); stop every 0.1 worker first, or rerun with `--force` once they are stopped"), "{}", stderr(&out));
+    assert_eq!(snapshot(&s), before);
+    let out = s.cmd().arg("setup").output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(snapshot(&s), before);
+    s.cmd()
+        .args(["upgrade", "--yes", "--force"])
+        .assert()
+        .success();
+    assert_converted(&s);
+}
+
+#[test]
+fn upgrade_needs_confirmation_without_a_terminal() {
+    let s = TestSchema::with_fixture_0_1("confirm");
+    let before = snapshot(&s);
+    let out = s.cmd().arg("upgrade").output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out)
+        .contains("Not confirmed: standard input is not a terminal; rerun with --yes to proceed"));
+    assert_eq!(snapshot(&s), before);
+}
+
+#[test]
+fn a_lock_timeout_names_the_blocking_session_and_changes_nothing() {
+    let s = TestSchema::with_fixture_0_1("lock_timeout");
+    let before = snapshot(&s);
+    let blocker = crate::common::connect();
+    let pid: i32 = crate::common::runtime()
+        .block_on(async {
+            blocker
+                .batch_execute(&format!(
+                    "BEGIN; LOCK TABLE {} IN ACCESS SHARE MODE",
+                    s.table("events")
+                ))
+                .await
+                .unwrap();
+            blocker.query_one("SELECT pg_backend_pid()", &[]).await
+        })
+        .unwrap()
+        .get(0);
+    let out = s
+        .cmd()
+        .args(["--lock-timeout", "300ms", "upgrade", "--yes"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with(&format!(
+            "error: timed out after 300ms waiting for a lock held by pid {pid} (user postgres, "
+        )),
+        "{err}"
+    );
+    assert!(err.contains("nothing was changed"), "{err}");
+    crate::common::runtime()
+        .block_on(blocker.batch_execute("ROLLBACK"))
+        .unwrap();
+    assert_eq!(snapshot(&s), before);
+}
+
+#[test]
+fn bad_names_and_urls_are_refused_with_what_to_do() {
+    let s = TestSchema::new("bad_input");
+    let out = s
+        .cmd()
+        .args(["--prefix", "Bad-Prefix", "setup"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        "error: invalid prefix `Bad-Prefix`: only lower-case ASCII letters, digits and `_` are allowed; pass a name like `relaybus_`\n"
+    );
+    let out = s
+        .cmd()
+        .env("RELAYBUS_DATABASE_URL", "mysql://x@y/z")
+        .arg("setup")
+        .output()
+        .unwrap();
+    assert_eq!(
+        stderr(&out),
+        "error: unsupported database URL `mysql://x@y/z`: use postgres:// or postgresql://\n"
+    );
+    let out = s
+        .cmd()
+        .env(
+            "RELAYBUS_DATABASE_URL",
+            "postgres://app:hunter2@127.0.0.1:1/x",
+        )
+        .arg("setup")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!stderr(&out).contains("hunter2"));
+    assert!(stderr(&out)
+        .starts_with("error: could not connect to PostgreSQL at 127.0.0.1:1/x as app: "));
+}
