@@ -1,5 +1,8 @@
-//! relaybus: the operator's tool for a relaybus event bus. The library is the store engine and
-//! the dispatcher; `cli` is the thin command-line layer over it.
+//! relaybus: the operator's tool for a relaybus event bus. The library is the store engine
+//! (`store`), the dispatcher (`dispatch`) and its handlers (`handler`); `cli` is the thin
+//! command-line layer over them.
 
 pub mod cli;
+pub mod dispatch;
+pub mod handler;
 pub mod store;

@@ -3,6 +3,7 @@
 
 mod output;
 mod publish;
+mod run;
 mod schema_sql;
 mod setup;
 mod upgrade;
@@ -87,6 +88,7 @@ pub enum Command {
     SchemaSql(schema_sql::SchemaSqlArgs),
     Upgrade(upgrade::UpgradeArgs),
     Publish(publish::PublishArgs),
+    Run(run::RunArgs),
 }
 
 /// Durations as `30s`, `5m`, `1h`, `250ms`.
@@ -117,5 +119,6 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::SchemaSql(args) => schema_sql::run(g, &out, args),
         Command::Upgrade(args) => upgrade::run(g, &out, args).await,
         Command::Publish(args) => publish::run(g, &out, args).await,
+        Command::Run(args) => run::run(g, &out, args).await,
     }
 }

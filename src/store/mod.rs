@@ -41,6 +41,44 @@ pub trait Store: Send + Sync + 'static {
         events: &[NewEvent],
     ) -> impl Future<Output = Result<Vec<PublishedDelivery>>> + Send;
 
-    /// Wakes idle workers; callers coalesce (see `Notifier`).
+    /// Wakes idle workers now (publishes already coalesce their own wake-ups).
     fn notify(&self) -> impl Future<Output = Result<()>> + Send;
+
+    /// Claims due deliveries for a worker in one short transaction.
+    fn claim(
+        &self,
+        req: &ClaimRequest,
+    ) -> impl Future<Output = Result<(Vec<ClaimedDelivery>, postgres::ClaimStats)>> + Send;
+
+    /// Deletes the deliveries whose tokens are still valid; returns their ids.
+    fn complete(
+        &self,
+        tokens: &[LeaseToken],
+        history: bool,
+    ) -> impl Future<Output = Result<Vec<String>>> + Send;
+
+    /// Reschedules or buries one delivery; false when its lease was lost.
+    fn fail(
+        &self,
+        token: &LeaseToken,
+        failure: &Failure,
+        error: &str,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Extends the leases of the lanes the owner runs work in; returns how many.
+    fn renew(
+        &self,
+        owner: &str,
+        lease: std::time::Duration,
+    ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Releases aborted deliveries (no attempt charged) and hands back every lane of the owner.
+    fn release(
+        &self,
+        owner: &str,
+        aborted: &[LeaseToken],
+    ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Whether any delivery of these handlers is due.
+    fn due_exists(&self, handlers: &[String]) -> impl Future<Output = Result<bool>> + Send;
 }

@@ -178,3 +178,59 @@ impl NewEvent {
         })
     }
 }
+
+/// The fencing token of one claimed delivery: `lane:epoch:claims`. Every state change checks
+/// that the lane still has this epoch and lists the delivery in flight, and that the delivery's
+/// claims counter is unchanged, so an older attempt's lease can never touch a newer one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LeaseToken {
+    pub delivery_id: String,
+    pub lane: i16,
+    pub epoch: i64,
+    pub claims: i32,
+}
+
+impl std::fmt::Display for LeaseToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}:{}", self.lane, self.epoch, self.claims)
+    }
+}
+
+/// A delivery handed to a worker, with its event.
+#[derive(Clone, Debug)]
+pub struct ClaimedDelivery {
+    pub token: LeaseToken,
+    pub handler: String,
+    /// Attempts already spent; this one is `attempts + 1`.
+    pub attempts: i32,
+    pub event_id: String,
+    pub event_type: String,
+    pub key: Option<String>,
+    pub payload: Value,
+    pub headers: Value,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// What a claim asks for.
+#[derive(Clone, Debug)]
+pub struct ClaimRequest {
+    /// The worker instance: unique per process start, so a restarted worker never adopts the
+    /// live lanes of its dead predecessor.
+    pub owner: String,
+    pub handlers: Vec<String>,
+    /// Per handler (same order): a takeover that charges the last attempt buries the delivery.
+    pub max_attempts: Vec<i32>,
+    pub batch: i64,
+    /// How many free or expired lanes to take at most in this claim.
+    pub new_lanes: i64,
+    pub lease: std::time::Duration,
+}
+
+/// How a failed attempt ends.
+#[derive(Clone, Debug)]
+pub enum Failure {
+    /// Due again after the delay, with one more attempt spent.
+    Reschedule { delay: std::time::Duration },
+    /// Dead letter: never claimed again until requeued.
+    Bury,
+}

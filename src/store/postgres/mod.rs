@@ -3,6 +3,7 @@
 //! once per connection.
 
 mod conn;
+mod dispatch;
 mod notify;
 mod publish;
 mod schema;
@@ -10,6 +11,7 @@ mod schema;
 use std::sync::Arc;
 
 pub use conn::{redact_url, ConnectOptions};
+pub use dispatch::ClaimStats;
 pub use notify::NOTIFY_INTERVAL;
 pub use schema::{conversion_script, install_script};
 
@@ -18,27 +20,45 @@ use notify::Notifier;
 use tokio_postgres::types::Type;
 
 use crate::store::{
-    Namespace, NewEvent, PublishedDelivery, Result, SchemaStatus, SetupOutcome, Store, UpgradePlan,
-    UpgradeStep,
+    ClaimRequest, ClaimedDelivery, Failure, LeaseToken, Namespace, NewEvent, PublishedDelivery,
+    Result, SchemaStatus, SetupOutcome, Store, UpgradePlan, UpgradeStep,
 };
 
 /// The statements of one store, rendered for its namespace.
 pub(crate) struct Statements {
     publish: Sql,
+    claim: Sql,
+    complete: Sql,
+    complete_with_history: Sql,
+    fail: Sql,
+    renew: Sql,
+    release: Sql,
+    due_exists: Sql,
 }
 
-/// Statement slots: a connection's prepared statements are keyed by these.
-const SLOT_PUBLISH: usize = 0;
-const SLOT_NOTIFY: usize = 1;
+/// The wake-up notification's slot; the others follow in `Statements::render`.
+const SLOT_NOTIFY: usize = 0;
 
 impl Statements {
     fn render(ns: &Namespace) -> Self {
+        let mut slot = SLOT_NOTIFY;
+        let mut sql = |text: &str, types: &'static [Type]| {
+            slot += 1;
+            Sql {
+                slot,
+                text: ns.render(text),
+                types,
+            }
+        };
         Self {
-            publish: Sql {
-                slot: SLOT_PUBLISH,
-                text: ns.render(publish::PUBLISH),
-                types: publish::PUBLISH_TYPES,
-            },
+            publish: sql(publish::PUBLISH, publish::PUBLISH_TYPES),
+            claim: sql(dispatch::CLAIM, dispatch::CLAIM_TYPES),
+            complete: sql(dispatch::COMPLETE, dispatch::COMPLETE_TYPES),
+            complete_with_history: sql(dispatch::COMPLETE_WITH_HISTORY, dispatch::COMPLETE_TYPES),
+            fail: sql(dispatch::FAIL, dispatch::FAIL_TYPES),
+            renew: sql(dispatch::RENEW, dispatch::RENEW_TYPES),
+            release: sql(dispatch::RELEASE, dispatch::RELEASE_TYPES),
+            due_exists: sql(dispatch::DUE_EXISTS, dispatch::DUE_EXISTS_TYPES),
         }
     }
 }
@@ -86,6 +106,16 @@ impl PgStore {
 
     pub fn namespace(&self) -> &Namespace {
         &self.ns
+    }
+
+    /// The channel workers LISTEN on for wake-ups.
+    pub fn channel(&self) -> String {
+        self.ns.render(notify::CHANNEL)
+    }
+
+    /// Where the store connects, for a listener connection of its own.
+    pub fn connect_options(&self) -> &ConnectOptions {
+        self.pool.options()
     }
 
     /// Fails with the error a command should show unless the schema is current.
@@ -137,5 +167,29 @@ impl Store for PgStore {
     async fn notify(&self) -> Result<()> {
         self.notifier.send().await;
         Ok(())
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<(Vec<ClaimedDelivery>, ClaimStats)> {
+        self.claim_impl(req).await
+    }
+
+    async fn complete(&self, tokens: &[LeaseToken], history: bool) -> Result<Vec<String>> {
+        self.complete_impl(tokens, history).await
+    }
+
+    async fn fail(&self, token: &LeaseToken, failure: &Failure, error: &str) -> Result<bool> {
+        self.fail_impl(token, failure, error).await
+    }
+
+    async fn renew(&self, owner: &str, lease: std::time::Duration) -> Result<u64> {
+        self.renew_impl(owner, lease).await
+    }
+
+    async fn release(&self, owner: &str, aborted: &[LeaseToken]) -> Result<u64> {
+        self.release_impl(owner, aborted).await
+    }
+
+    async fn due_exists(&self, handlers: &[String]) -> Result<bool> {
+        self.due_exists_impl(handlers).await
     }
 }

@@ -1,0 +1,417 @@
+//! The dispatcher: the claim loop, bounded concurrency, lease renewal, completion batching,
+//! retries, wake-ups and graceful shutdown. It knows stores only through the `Store` trait and
+//! handlers only through the `Handler` trait.
+//!
+//! Guarantees it keeps with the store: a delivery runs only under a live lane lease; every state
+//! change carries the lease token; a crash is charged as an attempt at takeover; a graceful stop
+//! lets running handlers finish within the grace period, releases the rest without charging an
+//! attempt and hands every lane back at once.
+
+mod complete;
+pub mod listen;
+pub mod report;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::sync::{watch, Notify, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::handler::{Handler, Outcome};
+use crate::store::{ClaimRequest, ClaimedDelivery, Failure, LeaseToken, Store};
+use complete::Completer;
+pub use report::{LogFormat, Reporter, Summary};
+
+/// How the dispatcher is asked to stop: the first signal drains, the second cancels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shutdown {
+    Running,
+    /// Stop claiming, let running handlers finish within the grace period, release the rest.
+    Graceful,
+    /// Abort running handlers now, release them and hand the lanes back.
+    Immediate,
+}
+
+/// Exponential backoff with jitter: `base * 2^(attempt-1)`, capped, then scaled by a random
+/// factor in [0.5, 1) so failing deliveries do not retry in lockstep.
+#[derive(Clone, Copy, Debug)]
+pub struct Backoff {
+    pub base: Duration,
+    pub max: Duration,
+}
+
+impl Backoff {
+    pub fn delay(&self, attempt: i32) -> Duration {
+        let exp = attempt.clamp(1, 32) as u32 - 1;
+        let raw = self
+            .base
+            .saturating_mul(2u32.saturating_pow(exp))
+            .min(self.max);
+        raw.mul_f64(rand::thread_rng().gen_range(0.5..1.0))
+    }
+}
+
+pub struct HandlerSpec {
+    pub name: String,
+    pub handler: Arc<dyn Handler>,
+    pub max_attempts: i32,
+    pub backoff: Backoff,
+}
+
+#[derive(Clone, Debug)]
+pub struct DispatchOptions {
+    /// This worker instance; unique per process start.
+    pub owner: String,
+    pub concurrency: usize,
+    pub batch_size: usize,
+    pub poll_interval: Duration,
+    pub lease_duration: Duration,
+    pub completion_window: Duration,
+    pub shutdown_grace: Duration,
+    /// Exit once no due work is left.
+    pub drain: bool,
+    pub completion_history: bool,
+}
+
+/// A unique worker name: host, process and a random suffix.
+pub fn worker_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "host".into());
+    format!(
+        "{host}:{}:{:06x}",
+        std::process::id(),
+        rand::thread_rng().gen::<u32>() & 0xff_ffff
+    )
+}
+
+/// Lanes a claim may take when the previous one filled its batch; doubled while it does not, so
+/// a worker holds only as many lanes as its batch needs.
+const FIRST_NEW_LANES: i64 = 4;
+const MAX_CLAIM_BACKOFF: Duration = Duration::from_secs(5);
+
+struct Context<S> {
+    store: Arc<S>,
+    handlers: HashMap<String, HandlerSpec>,
+    completer: Completer,
+    reporter: Arc<Reporter>,
+}
+
+/// Runs the worker until `shutdown` says stop (or, with `drain`, until no due work is left).
+/// `wake` ends an idle wait early (a wake-up listener signals it); polling works without it.
+pub async fn run<S: Store>(
+    store: Arc<S>,
+    options: DispatchOptions,
+    handlers: Vec<HandlerSpec>,
+    reporter: Arc<Reporter>,
+    wake: Arc<Notify>,
+    mut shutdown: watch::Receiver<Shutdown>,
+) -> crate::store::Result<Summary> {
+    let names: Vec<String> = handlers.iter().map(|h| h.name.clone()).collect();
+    let max_attempts: Vec<i32> = handlers.iter().map(|h| h.max_attempts).collect();
+    let (completer, completer_task) = Completer::start(
+        Arc::clone(&store),
+        options.completion_window,
+        options.completion_history,
+    );
+    let ctx = Arc::new(Context {
+        store: Arc::clone(&store),
+        handlers: handlers.into_iter().map(|h| (h.name.clone(), h)).collect(),
+        completer,
+        reporter: Arc::clone(&reporter),
+    });
+    let slots = Arc::new(Semaphore::new(options.concurrency));
+    let renewer = tokio::spawn(renew(
+        Arc::clone(&store),
+        options.owner.clone(),
+        options.lease_duration,
+        Arc::clone(&reporter),
+    ));
+    let status = tokio::spawn(status_line(
+        Arc::clone(&reporter),
+        Arc::clone(&slots),
+        options.concurrency,
+    ));
+    reporter.log(
+        "info",
+        "worker started",
+        &[
+            ("worker", &options.owner),
+            ("handlers", &names.join(",")),
+            ("concurrency", &options.concurrency),
+            ("batch_size", &options.batch_size),
+        ],
+    );
+
+    let (cancel_tx, cancel_rx) = watch::channel(false);
+    let mut tasks: JoinSet<Option<LeaseToken>> = JoinSet::new();
+    let mut new_lanes = FIRST_NEW_LANES;
+    let mut claim_backoff = Duration::from_millis(100);
+    while *shutdown.borrow() == Shutdown::Running {
+        while tasks.try_join_next().is_some() {}
+        let free = slots.available_permits();
+        if free == 0 {
+            tokio::select! {
+                _ = tasks.join_next() => {}
+                _ = shutdown.changed() => {}
+            }
+            continue;
+        }
+        let want = free.min(options.batch_size);
+        let request = ClaimRequest {
+            owner: options.owner.clone(),
+            handlers: names.clone(),
+            max_attempts: max_attempts.clone(),
+            batch: want as i64,
+            new_lanes,
+            lease: options.lease_duration,
+        };
+        let (claimed, stats) = match store.claim(&request).await {
+            Ok(c) => {
+                claim_backoff = Duration::from_millis(100);
+                c
+            }
+            Err(e) => {
+                reporter.log(
+                    "warn",
+                    "claim failed; retrying",
+                    &[
+                        ("error", &format!("{e:#}")),
+                        ("retry_in", &humantime::format_duration(claim_backoff)),
+                    ],
+                );
+                tokio::select! {
+                    _ = tokio::time::sleep(claim_backoff) => {}
+                    _ = shutdown.changed() => {}
+                }
+                claim_backoff = (claim_backoff * 2).min(MAX_CLAIM_BACKOFF);
+                continue;
+            }
+        };
+        if stats.charged > 0 {
+            reporter.log(
+                "warn",
+                "took over expired lanes; charged one attempt to each delivery they had in flight",
+                &[("deliveries", &stats.charged)],
+            );
+        }
+        let got = claimed.len();
+        for delivery in claimed {
+            let permit = Arc::clone(&slots)
+                .try_acquire_owned()
+                .expect("a claim never exceeds the free slots");
+            let ctx = Arc::clone(&ctx);
+            let cancel = cancel_rx.clone();
+            tasks.spawn(async move {
+                let aborted = run_delivery(&ctx, delivery, cancel).await;
+                drop(permit);
+                aborted
+            });
+        }
+        new_lanes = if got == want {
+            FIRST_NEW_LANES
+        } else {
+            (new_lanes * 2).min(256)
+        };
+        if got > 0 || stats.lanes_taken > 0 {
+            continue;
+        }
+        if options.drain && tasks.is_empty() {
+            match store.due_exists(&names).await {
+                Ok(false) => break,
+                Ok(true) => {}
+                Err(e) => reporter.log(
+                    "warn",
+                    "could not check for due work",
+                    &[("error", &format!("{e:#}"))],
+                ),
+            }
+        }
+        tokio::select! {
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(options.poll_interval) => {}
+            _ = shutdown.changed() => {}
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+        }
+    }
+
+    let mode = *shutdown.borrow();
+    if mode != Shutdown::Running {
+        reporter.log(
+            "info",
+            "stopping: no new claims",
+            &[
+                ("running", &tasks.len()),
+                ("grace", &humantime::format_duration(options.shutdown_grace)),
+            ],
+        );
+    }
+    let deadline = tokio::time::Instant::now() + options.shutdown_grace;
+    while !tasks.is_empty() && *shutdown.borrow() != Shutdown::Immediate {
+        tokio::select! {
+            _ = tasks.join_next() => {}
+            _ = tokio::time::sleep_until(deadline) => break,
+            _ = shutdown.wait_for(|s| *s == Shutdown::Immediate) => break,
+        }
+    }
+    let _ = cancel_tx.send(true);
+    let mut aborted = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        if let Ok(Some(token)) = done {
+            aborted.push(token);
+        }
+    }
+    renewer.abort();
+    status.abort();
+    drop(ctx);
+    let _ = completer_task.await;
+    let release = store.release(&options.owner, &aborted);
+    match tokio::time::timeout(Duration::from_secs(10), release).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => reporter.log(
+            "warn",
+            "could not hand the lanes back; they free up when the lease expires",
+            &[("error", &format!("{e:#}"))],
+        ),
+        Err(_) => reporter.log(
+            "warn",
+            "handing the lanes back timed out; they free up when the lease expires",
+            &[],
+        ),
+    }
+    reporter
+        .counters
+        .released
+        .fetch_add(aborted.len() as u64, std::sync::atomic::Ordering::Relaxed);
+    let summary = reporter.counters.summary();
+    reporter.log(
+        "info",
+        "worker stopped",
+        &[
+            ("handled", &summary.handled),
+            ("failed", &summary.failed),
+            ("dead", &summary.dead),
+            ("lease_lost", &summary.lease_lost),
+            ("released", &summary.released),
+        ],
+    );
+    Ok(summary)
+}
+
+/// Runs one delivery to its end. Returns its token when it was aborted by shutdown.
+async fn run_delivery<S: Store>(
+    ctx: &Context<S>,
+    delivery: ClaimedDelivery,
+    mut cancel: watch::Receiver<bool>,
+) -> Option<LeaseToken> {
+    let spec = ctx
+        .handlers
+        .get(&delivery.handler)
+        .expect("claims only return deliveries of the worker's handlers");
+    let outcome = tokio::select! {
+        outcome = spec.handler.handle(&delivery) => outcome,
+        _ = cancel.wait_for(|c| *c) => return Some(delivery.token),
+    };
+    let attempt = delivery.attempts + 1;
+    let counters = &ctx.reporter.counters;
+    use std::sync::atomic::Ordering::Relaxed;
+    let (failure, error) = match outcome {
+        Outcome::Completed => {
+            match ctx.completer.complete(delivery.token.clone()).await {
+                Ok(true) => {
+                    counters.handled.fetch_add(1, Relaxed);
+                }
+                Ok(false) => {
+                    counters.lease_lost.fetch_add(1, Relaxed);
+                    lease_lost(ctx, &delivery);
+                }
+                Err(e) => ctx.reporter.log(
+                    "error",
+                    "could not record the completion; the delivery runs again after its lease expires",
+                    &[("delivery", &delivery.token.delivery_id), ("error", &e)],
+                ),
+            }
+            return None;
+        }
+        Outcome::Rejected { error } => (Failure::Bury, error),
+        Outcome::Failed { error, .. } if attempt >= spec.max_attempts => (Failure::Bury, error),
+        Outcome::Failed { error, retry_after } => {
+            let delay = retry_after
+                .map(|d| d.min(spec.backoff.max))
+                .unwrap_or_else(|| spec.backoff.delay(attempt));
+            (Failure::Reschedule { delay }, error)
+        }
+    };
+    match ctx.store.fail(&delivery.token, &failure, &error).await {
+        Ok(true) => {
+            let fields: [(&str, &dyn std::fmt::Display); 5] = [
+                ("delivery", &delivery.token.delivery_id),
+                ("event", &delivery.event_id),
+                ("handler", &delivery.handler),
+                ("attempt", &attempt),
+                ("error", &error),
+            ];
+            match failure {
+                Failure::Bury => {
+                    counters.dead.fetch_add(1, Relaxed);
+                    ctx.reporter
+                        .log("error", "delivery buried (dead letter)", &fields);
+                }
+                Failure::Reschedule { delay } => {
+                    counters.failed.fetch_add(1, Relaxed);
+                    let retry =
+                        humantime::format_duration(Duration::from_millis(delay.as_millis() as u64))
+                            .to_string();
+                    let mut with_retry = fields.to_vec();
+                    with_retry.push(("retry_in", &retry));
+                    ctx.reporter
+                        .log("warn", "attempt failed; rescheduled", &with_retry);
+                }
+            }
+        }
+        Ok(false) => {
+            counters.lease_lost.fetch_add(1, Relaxed);
+            lease_lost(ctx, &delivery);
+        }
+        Err(e) => ctx.reporter.log(
+            "error",
+            "could not record the failed attempt; the delivery runs again after its lease expires",
+            &[
+                ("delivery", &delivery.token.delivery_id),
+                ("error", &format!("{e:#}")),
+            ],
+        ),
+    }
+    None
+}
+
+fn lease_lost<S>(ctx: &Context<S>, d: &ClaimedDelivery) {
+    ctx.reporter.log(
+        "warn",
+        "lease lost: another worker took the lane over; the delivery runs again there",
+        &[("delivery", &d.token.delivery_id), ("token", &d.token)],
+    );
+}
+
+async fn renew<S: Store>(store: Arc<S>, owner: String, lease: Duration, reporter: Arc<Reporter>) {
+    let every = (lease / 3).max(Duration::from_millis(100));
+    loop {
+        tokio::time::sleep(every).await;
+        if let Err(e) = store.renew(&owner, lease).await {
+            reporter.log(
+                "warn",
+                "lease renewal failed; retrying",
+                &[("error", &format!("{e:#}"))],
+            );
+        }
+    }
+}
+
+async fn status_line(reporter: Arc<Reporter>, slots: Arc<Semaphore>, concurrency: usize) {
+    loop {
+        reporter.status(concurrency - slots.available_permits());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

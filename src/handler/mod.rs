@@ -1,0 +1,87 @@
+//! Handlers: what runs a delivery. Both kinds get the same JSON envelope and report one of
+//! three outcomes; the dispatcher turns them into completion, reschedule or burial.
+
+mod shell;
+mod webhook;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+
+pub use shell::ShellHandler;
+pub use webhook::{WebhookHandler, WebhookSecret};
+
+use crate::store::ClaimedDelivery;
+
+/// The one JSON object every handler receives.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Envelope<'a> {
+    pub id: &'a str,
+    #[serde(rename = "type")]
+    pub event_type: &'a str,
+    pub key: Option<&'a str>,
+    pub payload: &'a Value,
+    pub headers: &'a Value,
+    pub created_at: String,
+    pub handler: &'a str,
+    pub delivery_id: &'a str,
+    /// Counts from 1; a redelivery after a lost lease has a higher number.
+    pub attempt: i32,
+}
+
+impl<'a> Envelope<'a> {
+    pub fn of(d: &'a ClaimedDelivery) -> Self {
+        Envelope {
+            id: &d.event_id,
+            event_type: &d.event_type,
+            key: d.key.as_deref(),
+            payload: &d.payload,
+            headers: &d.headers,
+            created_at: d
+                .created_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+            handler: &d.handler,
+            delivery_id: &d.token.delivery_id,
+            attempt: d.attempts + 1,
+        }
+    }
+}
+
+/// How one attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Completed,
+    /// A failed attempt: retried with backoff (or after `retry_after`), buried at the last one.
+    Failed {
+        error: String,
+        retry_after: Option<Duration>,
+    },
+    /// The handler says retrying cannot help (exit 65, HTTP 410): buried at once.
+    Rejected {
+        error: String,
+    },
+}
+
+pub type HandlerFuture<'a> = Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
+
+pub trait Handler: Send + Sync {
+    /// Runs one attempt. Dropping the future aborts it (the shell handler kills its process
+    /// group).
+    fn handle<'a>(&'a self, delivery: &'a ClaimedDelivery) -> HandlerFuture<'a>;
+}
+
+/// The last `max` bytes of a text, cut at a character boundary.
+pub(crate) fn tail(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    &text[start..]
+}

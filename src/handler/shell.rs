@@ -1,0 +1,136 @@
+//! Shell handlers: `sh -c CMD`, one process per delivery, the envelope on stdin (never in the
+//! command line), `RELAYBUS_*` variables in the environment. Exit 0 completes, 65 (EX_DATAERR)
+//! buries, anything else fails the attempt. The process runs in a group of its own, and the
+//! whole group is killed on timeout or abort, so a grandchild cannot outlive its delivery.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+
+use super::{tail, Envelope, Handler, HandlerFuture, Outcome};
+use crate::store::ClaimedDelivery;
+
+/// The exit code that buries a delivery at once.
+pub const EX_DATAERR: i32 = 65;
+/// How much of stderr becomes `last_error`.
+const STDERR_TAIL: usize = 2048;
+
+pub struct ShellHandler {
+    command: String,
+    timeout: Duration,
+}
+
+/// Kills the process group when dropped before the process was reaped.
+struct GroupGuard(Option<i32>);
+
+impl GroupGuard {
+    fn kill(&mut self) {
+        if let Some(pgid) = self.0.take() {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pgid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl ShellHandler {
+    pub fn new(command: String, timeout: Duration) -> Self {
+        Self { command, timeout }
+    }
+
+    async fn run(&self, d: &ClaimedDelivery) -> Outcome {
+        let envelope = match serde_json::to_vec(&Envelope::of(d)) {
+            Ok(v) => v,
+            Err(e) => return failed(format!("could not encode the envelope: {e}")),
+        };
+        let mut child = match Command::new("sh")
+            .arg("-c")
+            .arg(&self.command)
+            .env("RELAYBUS_EVENT_ID", &d.event_id)
+            .env("RELAYBUS_EVENT_TYPE", &d.event_type)
+            .env("RELAYBUS_KEY", d.key.as_deref().unwrap_or(""))
+            .env("RELAYBUS_HANDLER", &d.handler)
+            .env("RELAYBUS_DELIVERY_ID", &d.token.delivery_id)
+            .env("RELAYBUS_ATTEMPT", (d.attempts + 1).to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+        {
+            Ok(c) => c,
+            Err(e) => return failed(format!("could not start `sh -c {}`: {e}", self.command)),
+        };
+        let mut group = GroupGuard(child.id().map(|p| p as i32));
+        let mut stdin = child.stdin.take().expect("stdin is piped");
+        let mut stderr = child.stderr.take().expect("stderr is piped");
+        let io = async {
+            // A command that does not read its stdin closes the pipe early; that is its choice.
+            let _ = stdin.write_all(&envelope).await;
+            drop(stdin);
+            let mut err = Vec::new();
+            let _ = stderr.read_to_end(&mut err).await;
+            (child.wait().await, err)
+        };
+        let (status, err) = match tokio::time::timeout(self.timeout, io).await {
+            Ok(done) => done,
+            Err(_) => {
+                group.kill();
+                return failed(format!(
+                    "timed out after {}; the process group was killed",
+                    humantime::format_duration(self.timeout)
+                ));
+            }
+        };
+        // The command is done; descendants it left behind in its group go with it.
+        group.kill();
+        let stderr_text = String::from_utf8_lossy(&err);
+        let stderr_tail = tail(stderr_text.trim_end(), STDERR_TAIL);
+        let describe = |what: String| {
+            if stderr_tail.is_empty() {
+                what
+            } else {
+                format!("{what}: {stderr_tail}")
+            }
+        };
+        match status {
+            Err(e) => failed(format!("could not wait for the command: {e}")),
+            Ok(s) if s.success() => Outcome::Completed,
+            Ok(s) if s.code() == Some(EX_DATAERR) => Outcome::Rejected {
+                error: describe(format!("exit {EX_DATAERR}")),
+            },
+            Ok(s) => {
+                use std::os::unix::process::ExitStatusExt;
+                let what = match (s.code(), s.signal()) {
+                    (Some(code), _) => format!("exit {code}"),
+                    (None, Some(sig)) => format!("killed by signal {sig}"),
+                    _ => "ended abnormally".into(),
+                };
+                failed(describe(what))
+            }
+        }
+    }
+}
+
+fn failed(error: String) -> Outcome {
+    Outcome::Failed {
+        error,
+        retry_after: None,
+    }
+}
+
+impl Handler for ShellHandler {
+    fn handle<'a>(&'a self, delivery: &'a ClaimedDelivery) -> HandlerFuture<'a> {
+        Box::pin(self.run(delivery))
+    }
+}

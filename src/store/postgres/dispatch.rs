@@ -1,0 +1,349 @@
+//! The delivery path: claim, renew, complete, fail, release. Workers lease lanes, not rows: the
+//! happy path writes one lane row per claimed batch (a HOT update: lanes have no secondary index
+//! and half-empty pages) and deletes each delivery once it is done. No delivery row is updated
+//! unless an attempt fails, a lane is taken over or a worker releases work at shutdown.
+//! Every statement here is a single statement, so each runs atomically without BEGIN/COMMIT.
+
+use chrono::{DateTime, Utc};
+use tokio_postgres::types::Type;
+
+use super::PgStore;
+use crate::store::{ClaimRequest, ClaimedDelivery, Failure, LeaseToken, Result, StoreError};
+
+/// One claim. `held` locks the lanes this worker holds under a live lease (a takeover of them
+/// waits). `taken` takes up to $5 free or expired lanes that have due work for these handlers,
+/// skipping lanes another claimer has locked. Expired lanes are taken over: their epoch is
+/// bumped, and every delivery the predecessor had in flight is charged one attempt (buried at the
+/// handler's last attempt); they are picked from in the next claim. `running` is what a held lane
+/// still runs (completions delete rows without touching the lane, so the list is pruned here).
+/// A keyed delivery is picked only when no earlier delivery of its handler and key is pending;
+/// in-flight deliveries are pending rows, so that covers them too. Lanes that run nothing and got
+/// nothing are handed back in the same write.
+pub(crate) const CLAIM: &str = r#"
+WITH held AS (
+  SELECT l.lane, l.epoch, l.in_flight FROM "{{schema}}"."{{prefix}}lanes" l
+   WHERE l.lease_owner = $1 AND l.lease_expires_at > now()
+   ORDER BY l.lane FOR UPDATE
+), taken AS (
+  SELECT l.lane, l.epoch, l.in_flight, l.lease_owner IS NOT NULL AS takeover
+    FROM "{{schema}}"."{{prefix}}lanes" l
+   WHERE (l.lease_owner IS NULL OR l.lease_expires_at <= now())
+     AND EXISTS (SELECT 1 FROM "{{schema}}"."{{prefix}}deliveries" d
+                  WHERE d.lane = l.lane AND d.status = 'pending' AND d.available_at <= now()
+                    AND d.handler = ANY ($3))
+   ORDER BY l.lane LIMIT $5
+   FOR UPDATE SKIP LOCKED
+), running AS (
+  SELECT h.lane, coalesce(array_agg(d.id) FILTER (WHERE d.id IS NOT NULL), '{}') AS ids
+    FROM held h LEFT JOIN "{{schema}}"."{{prefix}}deliveries" d
+      ON d.id = ANY (h.in_flight) AND d.lane = h.lane AND d.status = 'pending'
+   GROUP BY h.lane
+), mine AS (
+  SELECT h.lane, h.epoch, r.ids AS running, false AS fresh, false AS takeover
+    FROM held h JOIN running r USING (lane)
+  UNION ALL
+  SELECT t.lane, t.epoch + 1, '{}'::text[], true, t.takeover FROM taken t
+), charged AS (
+  UPDATE "{{schema}}"."{{prefix}}deliveries" d
+     SET attempts = d.attempts + 1, claims = d.claims + 1, updated_at = now(),
+         last_error = 'lease lost: the worker holding lane ' || d.lane || ' stopped without completing',
+         status = CASE WHEN d.attempts + 1 >= coalesce(($6::int4[])[array_position($3, d.handler)], 2147483647)
+                       THEN 'dead' ELSE 'pending' END
+    FROM taken t
+   WHERE t.takeover AND d.id = ANY (t.in_flight) AND d.lane = t.lane AND d.status = 'pending'
+  RETURNING d.id
+), picked AS (
+  SELECT p.* FROM mine m CROSS JOIN LATERAL (
+    SELECT d.id, d.lane, d.claims, d.attempts, d.handler, d.event_id, d.available_at
+      FROM "{{schema}}"."{{prefix}}deliveries" d
+     WHERE d.lane = m.lane AND d.status = 'pending' AND d.available_at <= now()
+       AND d.handler = ANY ($3) AND NOT (d.id = ANY (m.running))
+       AND (d.key IS NULL OR NOT EXISTS (
+             SELECT 1 FROM "{{schema}}"."{{prefix}}deliveries" e
+              WHERE e.lane = d.lane AND e.handler = d.handler AND e.key = d.key
+                AND e.status = 'pending' AND e.sequence < d.sequence))
+     ORDER BY d.available_at, d.id LIMIT $4) p
+   WHERE NOT m.takeover
+   ORDER BY p.available_at, p.id LIMIT $4
+), picks AS (
+  SELECT lane, array_agg(id) AS ids FROM picked GROUP BY lane
+), written AS (
+  UPDATE "{{schema}}"."{{prefix}}lanes" l
+     SET epoch = m.epoch,
+         lease_owner = CASE WHEN m.takeover OR p.ids IS NOT NULL OR cardinality(m.running) > 0
+                            THEN $1 END,
+         lease_expires_at = CASE WHEN m.takeover OR p.ids IS NOT NULL OR cardinality(m.running) > 0
+                                 THEN now() + $2::float8 * interval '1 millisecond' END,
+         in_flight = m.running || coalesce(p.ids, '{}')
+    FROM mine m LEFT JOIN picks p USING (lane)
+   WHERE l.lane = m.lane
+     AND (m.takeover OR p.ids IS NOT NULL OR (NOT m.fresh AND cardinality(m.running) = 0))
+  RETURNING l.lane, l.epoch
+)
+SELECT p.id, p.lane, w.epoch, p.claims, p.attempts, p.handler,
+       e.id, e.type, e.key, e.payload, e.headers, e.created_at,
+       (SELECT count(*) FROM charged) AS charged, (SELECT count(*) FROM taken) AS taken
+  FROM picked p JOIN written w USING (lane)
+  JOIN "{{schema}}"."{{prefix}}events" e ON e.id = p.event_id
+ ORDER BY p.available_at, p.id
+"#;
+pub(crate) const CLAIM_TYPES: &[Type] = &[
+    Type::TEXT,
+    Type::FLOAT8,
+    Type::TEXT_ARRAY,
+    Type::INT8,
+    Type::INT8,
+    Type::INT4_ARRAY,
+];
+
+/// Completion: deletes the deliveries whose tokens are still valid, in one statement for a whole
+/// window of completions. Reads the lane rows without locking them, so it never waits for the
+/// owner's claims; a takeover that committed first has bumped `claims`, and the re-check of the
+/// row under the delete then fails, so a completion and a takeover never both win.
+pub(crate) const COMPLETE: &str = r#"
+DELETE FROM "{{schema}}"."{{prefix}}deliveries" d
+ USING unnest($1::text[], $2::int2[], $3::int8[], $4::int4[]) AS t(id, lane, epoch, claims),
+       "{{schema}}"."{{prefix}}lanes" l
+ WHERE d.id = t.id AND d.claims = t.claims AND l.lane = t.lane AND l.epoch = t.epoch
+   AND d.id = ANY (l.in_flight)
+RETURNING d.id
+"#;
+
+/// Completion that also appends to the completion history.
+pub(crate) const COMPLETE_WITH_HISTORY: &str = r#"
+WITH done AS (
+  DELETE FROM "{{schema}}"."{{prefix}}deliveries" d
+   USING unnest($1::text[], $2::int2[], $3::int8[], $4::int4[]) AS t(id, lane, epoch, claims),
+         "{{schema}}"."{{prefix}}lanes" l
+   WHERE d.id = t.id AND d.claims = t.claims AND l.lane = t.lane AND l.epoch = t.epoch
+     AND d.id = ANY (l.in_flight)
+  RETURNING d.id, d.event_id, d.handler, d.attempts
+), history AS (
+  INSERT INTO "{{schema}}"."{{prefix}}completions" (event_id, handler, attempts)
+  SELECT event_id, handler, attempts + 1 FROM done
+)
+SELECT id FROM done
+"#;
+pub(crate) const COMPLETE_TYPES: &[Type] = &[
+    Type::TEXT_ARRAY,
+    Type::INT2_ARRAY,
+    Type::INT8_ARRAY,
+    Type::INT4_ARRAY,
+];
+
+/// A failed attempt: the delivery leaves the lane's in-flight list and is rescheduled or buried,
+/// with one attempt and one claim more. The rare path; these updates are not HOT by design.
+pub(crate) const FAIL: &str = r#"
+WITH lane AS (
+  UPDATE "{{schema}}"."{{prefix}}lanes" SET in_flight = array_remove(in_flight, $1)
+   WHERE lane = $2 AND epoch = $3 AND $1 = ANY (in_flight)
+  RETURNING lane
+)
+UPDATE "{{schema}}"."{{prefix}}deliveries" d
+   SET attempts = d.attempts + 1, claims = d.claims + 1, updated_at = now(), last_error = $7,
+       status = CASE WHEN $5 THEN 'dead' ELSE 'pending' END,
+       available_at = CASE WHEN $5 THEN d.available_at
+                           ELSE now() + $6::float8 * interval '1 millisecond' END
+  FROM lane WHERE d.id = $1 AND d.claims = $4 AND d.lane = lane.lane
+RETURNING d.id
+"#;
+pub(crate) const FAIL_TYPES: &[Type] = &[
+    Type::TEXT,
+    Type::INT2,
+    Type::INT8,
+    Type::INT4,
+    Type::BOOL,
+    Type::FLOAT8,
+    Type::TEXT,
+];
+
+/// Extends the lease of every lane this worker holds that runs something.
+pub(crate) const RENEW: &str = r#"
+UPDATE "{{schema}}"."{{prefix}}lanes"
+   SET lease_expires_at = now() + $2::float8 * interval '1 millisecond'
+ WHERE lease_owner = $1 AND cardinality(in_flight) > 0
+RETURNING lane
+"#;
+pub(crate) const RENEW_TYPES: &[Type] = &[Type::TEXT, Type::FLOAT8];
+
+/// Graceful shutdown: ends the claims of aborted deliveries without charging an attempt, then
+/// hands back every lane of this worker so others continue at once instead of after the lease.
+pub(crate) const RELEASE: &str = r#"
+WITH released AS (
+  UPDATE "{{schema}}"."{{prefix}}deliveries" d SET claims = d.claims + 1
+    FROM unnest($2::text[], $3::int2[], $4::int8[], $5::int4[]) AS t(id, lane, epoch, claims),
+         "{{schema}}"."{{prefix}}lanes" l
+   WHERE d.id = t.id AND d.claims = t.claims AND l.lane = t.lane AND l.epoch = t.epoch
+     AND l.lease_owner = $1 AND d.id = ANY (l.in_flight)
+  RETURNING d.id
+)
+UPDATE "{{schema}}"."{{prefix}}lanes"
+   SET lease_owner = NULL, lease_expires_at = NULL, in_flight = '{}'
+ WHERE lease_owner = $1
+"#;
+pub(crate) const RELEASE_TYPES: &[Type] = &[
+    Type::TEXT,
+    Type::TEXT_ARRAY,
+    Type::INT2_ARRAY,
+    Type::INT8_ARRAY,
+    Type::INT4_ARRAY,
+];
+
+/// Whether any delivery of these handlers is due, for `run --drain`.
+pub(crate) const DUE_EXISTS: &str = r#"
+SELECT EXISTS (SELECT 1 FROM "{{schema}}"."{{prefix}}deliveries"
+                WHERE status = 'pending' AND available_at <= now() AND handler = ANY ($1))
+"#;
+pub(crate) const DUE_EXISTS_TYPES: &[Type] = &[Type::TEXT_ARRAY];
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Parallel arrays of tokens, as the statements take them.
+fn token_arrays(tokens: &[LeaseToken]) -> (Vec<&str>, Vec<i16>, Vec<i64>, Vec<i32>) {
+    let mut out = (
+        Vec::with_capacity(tokens.len()),
+        Vec::with_capacity(tokens.len()),
+        Vec::with_capacity(tokens.len()),
+        Vec::with_capacity(tokens.len()),
+    );
+    for t in tokens {
+        out.0.push(t.delivery_id.as_str());
+        out.1.push(t.lane);
+        out.2.push(t.epoch);
+        out.3.push(t.claims);
+    }
+    out
+}
+
+/// What a claim found, beyond the deliveries.
+#[derive(Debug, Default)]
+pub struct ClaimStats {
+    /// Deliveries charged one attempt because their lane was taken over.
+    pub charged: i64,
+    /// Free or expired lanes taken by this claim.
+    pub lanes_taken: i64,
+}
+
+impl PgStore {
+    pub(crate) async fn claim_impl(
+        &self,
+        req: &ClaimRequest,
+    ) -> Result<(Vec<ClaimedDelivery>, ClaimStats)> {
+        let mut conn = self.pool.get().await?;
+        let rows = conn
+            .query(
+                &self.sql.claim,
+                &[
+                    &req.owner,
+                    &ms(req.lease),
+                    &req.handlers,
+                    &req.batch,
+                    &req.new_lanes,
+                    &req.max_attempts,
+                ],
+            )
+            .await
+            .map_err(StoreError::db("could not claim deliveries"))?;
+        let mut stats = ClaimStats::default();
+        let claimed = rows
+            .iter()
+            .map(|r| {
+                stats.charged = r.get(12);
+                stats.lanes_taken = r.get(13);
+                ClaimedDelivery {
+                    token: LeaseToken {
+                        delivery_id: r.get(0),
+                        lane: r.get(1),
+                        epoch: r.get(2),
+                        claims: r.get(3),
+                    },
+                    attempts: r.get(4),
+                    handler: r.get(5),
+                    event_id: r.get(6),
+                    event_type: r.get(7),
+                    key: r.get(8),
+                    payload: r.get(9),
+                    headers: r.get(10),
+                    created_at: r.get::<_, DateTime<Utc>>(11),
+                }
+            })
+            .collect();
+        Ok((claimed, stats))
+    }
+
+    pub(crate) async fn complete_impl(
+        &self,
+        tokens: &[LeaseToken],
+        history: bool,
+    ) -> Result<Vec<String>> {
+        let (ids, lanes, epochs, claims) = token_arrays(tokens);
+        let sql = if history {
+            &self.sql.complete_with_history
+        } else {
+            &self.sql.complete
+        };
+        let mut conn = self.pool.get().await?;
+        let rows = conn
+            .query(sql, &[&ids, &lanes, &epochs, &claims])
+            .await
+            .map_err(StoreError::db("could not complete deliveries"))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    pub(crate) async fn fail_impl(
+        &self,
+        token: &LeaseToken,
+        failure: &Failure,
+        error: &str,
+    ) -> Result<bool> {
+        let (bury, delay) = match failure {
+            Failure::Bury => (true, 0.0),
+            Failure::Reschedule { delay } => (false, ms(*delay)),
+        };
+        let mut conn = self.pool.get().await?;
+        let rows = conn
+            .query(
+                &self.sql.fail,
+                &[
+                    &token.delivery_id,
+                    &token.lane,
+                    &token.epoch,
+                    &token.claims,
+                    &bury,
+                    &delay,
+                    &error,
+                ],
+            )
+            .await
+            .map_err(StoreError::db("could not record the failed attempt"))?;
+        Ok(!rows.is_empty())
+    }
+
+    pub(crate) async fn renew_impl(&self, owner: &str, lease: std::time::Duration) -> Result<u64> {
+        let mut conn = self.pool.get().await?;
+        let rows = conn
+            .query(&self.sql.renew, &[&owner, &ms(lease)])
+            .await
+            .map_err(StoreError::db("could not renew lane leases"))?;
+        Ok(rows.len() as u64)
+    }
+
+    pub(crate) async fn release_impl(&self, owner: &str, aborted: &[LeaseToken]) -> Result<u64> {
+        let (ids, lanes, epochs, claims) = token_arrays(aborted);
+        let mut conn = self.pool.get().await?;
+        conn.execute(&self.sql.release, &[&owner, &ids, &lanes, &epochs, &claims])
+            .await
+            .map_err(StoreError::db("could not hand back the lanes"))
+    }
+
+    pub(crate) async fn due_exists_impl(&self, handlers: &[String]) -> Result<bool> {
+        let mut conn = self.pool.get().await?;
+        let rows = conn
+            .query(&self.sql.due_exists, &[&handlers])
+            .await
+            .map_err(StoreError::db("could not look for due deliveries"))?;
+        Ok(rows[0].get(0))
+    }
+}
