@@ -2,5 +2,7 @@
 //! default the local server), each test in a schema of its own.
 
 mod common;
+mod fencing;
 mod publish;
+mod run;
 mod schema;

@@ -14,7 +14,7 @@ use tokio::sync::{watch, Notify};
 use super::{parse_duration, GlobalArgs, Output};
 use crate::dispatch::report::{LogFormat, Reporter};
 use crate::dispatch::{self, Backoff, DispatchOptions, HandlerSpec, Shutdown};
-use crate::handler::{Handler, ShellHandler, WebhookHandler, WebhookSecret};
+use crate::handler::{Handler, NoopHandler, ShellHandler, WebhookHandler, WebhookSecret};
 use crate::store::postgres::StoreOptions;
 
 /// Run a worker: claim deliveries and hand them to shell commands or webhooks.
@@ -60,8 +60,17 @@ pub struct RunArgs {
     )]
     pub exec: Option<String>,
     /// URL that gets a POST of each delivery.
-    #[arg(long, value_name = "URL", requires = "handler")]
+    #[arg(
+        long,
+        value_name = "URL",
+        requires = "handler",
+        conflicts_with = "noop"
+    )]
     pub webhook: Option<String>,
+    /// Complete each delivery without running anything (benchmarks, or discarding a handler's
+    /// backlog on purpose).
+    #[arg(long, requires = "handler", conflicts_with = "exec")]
+    pub noop: bool,
     /// TOML file with one table per handler, for several handlers in one process.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -156,6 +165,7 @@ struct ConfigFile {
 enum Target {
     Exec(String),
     Webhook(String),
+    Noop,
 }
 
 /// A handler as resolved from flags or the config file, before it is built.
@@ -245,10 +255,11 @@ fn resolve(args: &RunArgs) -> Result<Vec<Resolved>> {
     let Some(name) = args.handler.clone() else {
         bail!("nothing to run: give --handler NAME with --exec CMD or --webhook URL, or --config FILE");
     };
-    let target = match (&args.exec, &args.webhook) {
-        (Some(cmd), None) => Target::Exec(cmd.clone()),
-        (None, Some(url)) => Target::Webhook(url.clone()),
-        _ => bail!("handler `{name}` needs --exec CMD or --webhook URL"),
+    let target = match (&args.exec, &args.webhook, args.noop) {
+        (Some(cmd), None, false) => Target::Exec(cmd.clone()),
+        (None, Some(url), false) => Target::Webhook(url.clone()),
+        (None, None, true) => Target::Noop,
+        _ => bail!("handler `{name}` needs one of --exec CMD, --webhook URL or --noop"),
     };
     Ok(vec![Resolved {
         name,
@@ -272,6 +283,7 @@ fn build(resolved: Vec<Resolved>) -> Result<Vec<HandlerSpec>> {
         .map(|r| {
             let handler: Arc<dyn Handler> = match r.target {
                 Target::Exec(cmd) => Arc::new(ShellHandler::new(cmd, r.timeout)),
+                Target::Noop => Arc::new(NoopHandler),
                 Target::Webhook(url) => {
                     let parsed = reqwest::Url::parse(&url).with_context(|| {
                         format!("handler `{}`: invalid webhook URL `{url}`", r.name)

@@ -21,7 +21,7 @@ use tokio::task::JoinSet;
 
 use crate::handler::{Handler, Outcome};
 use crate::store::{ClaimRequest, ClaimedDelivery, Failure, LeaseToken, Store};
-use complete::Completer;
+use complete::{Completer, Running, RunningGuard};
 pub use report::{LogFormat, Reporter, Summary};
 
 /// How the dispatcher is asked to stop: the first signal drains, the second cancels.
@@ -87,15 +87,19 @@ pub fn worker_name() -> String {
     )
 }
 
-/// Lanes a claim may take when the previous one filled its batch; doubled while it does not, so
-/// a worker holds only as many lanes as its batch needs.
+/// Lanes the first claim after a short one may take; doubled while claims stay short, so a
+/// worker holds only as many lanes as its batch needs.
 const FIRST_NEW_LANES: i64 = 4;
 const MAX_CLAIM_BACKOFF: Duration = Duration::from_secs(5);
+/// How long a claim waits for more free slots before it claims a partial batch (plus twice the
+/// completion window, the time deliveries finishing together need to be recorded).
+const CLAIM_LINGER: Duration = Duration::from_millis(2);
 
 struct Context<S> {
     store: Arc<S>,
     handlers: HashMap<String, HandlerSpec>,
     completer: Completer,
+    running: Arc<Running>,
     reporter: Arc<Reporter>,
 }
 
@@ -111,8 +115,10 @@ pub async fn run<S: Store>(
 ) -> crate::store::Result<Summary> {
     let names: Vec<String> = handlers.iter().map(|h| h.name.clone()).collect();
     let max_attempts: Vec<i32> = handlers.iter().map(|h| h.max_attempts).collect();
+    let running = Arc::new(Running::default());
     let (completer, completer_task) = Completer::start(
         Arc::clone(&store),
+        Arc::clone(&running),
         options.completion_window,
         options.completion_history,
     );
@@ -120,6 +126,7 @@ pub async fn run<S: Store>(
         store: Arc::clone(&store),
         handlers: handlers.into_iter().map(|h| (h.name.clone(), h)).collect(),
         completer,
+        running,
         reporter: Arc::clone(&reporter),
     });
     let slots = Arc::new(Semaphore::new(options.concurrency));
@@ -148,6 +155,9 @@ pub async fn run<S: Store>(
     let (cancel_tx, cancel_rx) = watch::channel(false);
     let mut tasks: JoinSet<Option<LeaseToken>> = JoinSet::new();
     let mut new_lanes = FIRST_NEW_LANES;
+    let full_batch = options.batch_size.min(options.concurrency);
+    let linger = options.completion_window * 2 + CLAIM_LINGER;
+    let mut linger_until = None;
     let mut claim_backoff = Duration::from_millis(100);
     while *shutdown.borrow() == Shutdown::Running {
         while tasks.try_join_next().is_some() {}
@@ -159,6 +169,20 @@ pub async fn run<S: Store>(
             }
             continue;
         }
+        // Deliveries that finish together free their slots together: wait a moment for them,
+        // so a claim carries a full batch instead of one claim per finished delivery.
+        if free < full_batch && !tasks.is_empty() {
+            let until = *linger_until.get_or_insert_with(|| tokio::time::Instant::now() + linger);
+            if tokio::time::Instant::now() < until {
+                tokio::select! {
+                    _ = tasks.join_next() => {}
+                    _ = tokio::time::sleep_until(until) => {}
+                    _ = shutdown.changed() => {}
+                }
+                continue;
+            }
+        }
+        linger_until = None;
         let want = free.min(options.batch_size);
         let request = ClaimRequest {
             owner: options.owner.clone(),
@@ -198,24 +222,30 @@ pub async fn run<S: Store>(
             );
         }
         let got = claimed.len();
-        for delivery in claimed {
+        // The whole claim counts as running before any of it starts, so the completer does not
+        // flush the first delivery to finish alone.
+        let guards: Vec<RunningGuard> = claimed.iter().map(|_| ctx.running.enter()).collect();
+        for (delivery, running) in claimed.into_iter().zip(guards) {
             let permit = Arc::clone(&slots)
                 .try_acquire_owned()
                 .expect("a claim never exceeds the free slots");
             let ctx = Arc::clone(&ctx);
             let cancel = cancel_rx.clone();
             tasks.spawn(async move {
-                let aborted = run_delivery(&ctx, delivery, cancel).await;
+                let aborted = run_delivery(&ctx, delivery, running, cancel).await;
                 drop(permit);
                 aborted
             });
         }
+        let searched = request.new_lanes > 0;
+        // A full batch from the lanes it holds needs no search for free lanes (the search probes
+        // every lane); a short one widens it: 4, 8, 16... lanes at a time.
         new_lanes = if got == want {
-            FIRST_NEW_LANES
+            0
         } else {
-            (new_lanes * 2).min(256)
+            (new_lanes * 2).clamp(FIRST_NEW_LANES, 256)
         };
-        if got > 0 || stats.lanes_taken > 0 {
+        if got > 0 || stats.lanes_taken > 0 || !searched {
             continue;
         }
         if options.drain && tasks.is_empty() {
@@ -304,6 +334,7 @@ pub async fn run<S: Store>(
 async fn run_delivery<S: Store>(
     ctx: &Context<S>,
     delivery: ClaimedDelivery,
+    running: RunningGuard,
     mut cancel: watch::Receiver<bool>,
 ) -> Option<LeaseToken> {
     let spec = ctx
@@ -319,7 +350,9 @@ async fn run_delivery<S: Store>(
     use std::sync::atomic::Ordering::Relaxed;
     let (failure, error) = match outcome {
         Outcome::Completed => {
-            match ctx.completer.complete(delivery.token.clone()).await {
+            let pending = ctx.completer.submit(delivery.token.clone());
+            drop(running);
+            match pending.verdict().await {
                 Ok(true) => {
                     counters.handled.fetch_add(1, Relaxed);
                 }
@@ -344,6 +377,7 @@ async fn run_delivery<S: Store>(
             (Failure::Reschedule { delay }, error)
         }
     };
+    drop(running);
     match ctx.store.fail(&delivery.token, &failure, &error).await {
         Ok(true) => {
             let fields: [(&str, &dyn std::fmt::Display); 5] = [

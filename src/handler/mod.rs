@@ -74,6 +74,16 @@ pub trait Handler: Send + Sync {
     fn handle<'a>(&'a self, delivery: &'a ClaimedDelivery) -> HandlerFuture<'a>;
 }
 
+/// Completes every delivery without running anything: the cost of relaybus and the store alone,
+/// for benchmarks, or to discard a handler's backlog on purpose.
+pub struct NoopHandler;
+
+impl Handler for NoopHandler {
+    fn handle<'a>(&'a self, _: &'a ClaimedDelivery) -> HandlerFuture<'a> {
+        Box::pin(std::future::ready(Outcome::Completed))
+    }
+}
+
 /// The last `max` bytes of a text, cut at a character boundary.
 pub(crate) fn tail(text: &str, max: usize) -> &str {
     if text.len() <= max {

@@ -1,5 +1,6 @@
 //! Shell handlers: `sh -c CMD`, one process per delivery, the envelope on stdin (never in the
-//! command line), `RELAYBUS_*` variables in the environment. Exit 0 completes, 65 (EX_DATAERR)
+//! command line), `RELAYBUS_*` variables in the environment (and never the worker's database
+//! URL, password or webhook secret). Exit 0 completes, 65 (EX_DATAERR)
 //! buries, anything else fails the attempt. The process runs in a group of its own, and the
 //! whole group is killed on timeout or abort, so a grandchild cannot outlive its delivery.
 
@@ -61,6 +62,10 @@ impl ShellHandler {
             .env("RELAYBUS_HANDLER", &d.handler)
             .env("RELAYBUS_DELIVERY_ID", &d.token.delivery_id)
             .env("RELAYBUS_ATTEMPT", (d.attempts + 1).to_string())
+            // The worker's own credentials are not the handler's business.
+            .env_remove("RELAYBUS_DATABASE_URL")
+            .env_remove("RELAYBUS_WEBHOOK_SECRET")
+            .env_remove("PGPASSWORD")
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -1,5 +1,7 @@
 //! Shared test fixtures: a throwaway schema per test and helpers to run the binary.
 
+pub mod http;
+
 use std::process::Output;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;

@@ -150,6 +150,19 @@ impl Conn {
             // The error reaches the caller through the client's next request.
             let _ = connection.await;
         });
+        if opts.prepared_statements {
+            // The statements take arrays and are written for one plan that fits every call;
+            // left to choose, the server re-plans the claim on every call (measured: 1.9 ms of
+            // planning against 1.3 ms of execution). Unnamed statements are planned per call
+            // anyway, and a pooler would leak the setting, so it is set only here.
+            client
+                .batch_execute("SET plan_cache_mode = force_generic_plan")
+                .await
+                .map_err(|cause| StoreError::Connect {
+                    target: opts.target.clone(),
+                    cause,
+                })?;
+        }
         Ok(Conn {
             client,
             prepared_statements: opts.prepared_statements,

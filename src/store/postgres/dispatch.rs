@@ -16,9 +16,17 @@ use crate::store::{ClaimRequest, ClaimedDelivery, Failure, LeaseToken, Result, S
 /// bumped, and every delivery the predecessor had in flight is charged one attempt (buried at the
 /// handler's last attempt); they are picked from in the next claim. `running` is what a held lane
 /// still runs (completions delete rows without touching the lane, so the list is pruned here).
-/// A keyed delivery is picked only when no earlier delivery of its handler and key is pending;
+/// Locking returns the newest version of a lane row while deliveries are read from the
+/// statement's snapshot, which can be older: a failure or release that committed in between has
+/// already taken its delivery off the lane, but the snapshot still shows the delivery due with
+/// its old claims counter. `seen` is the snapshot's version of each lane, and nothing listed in
+/// flight in either version is picked; the next claim, with a fresh snapshot, picks it.
+/// Picks fill the batch from held lanes first, then lane by lane, so a batch writes as few lane
+/// rows as it can. A keyed delivery is picked only when no earlier delivery of its handler and key
+/// is pending;
 /// in-flight deliveries are pending rows, so that covers them too. Lanes that run nothing and got
-/// nothing are handed back in the same write.
+/// nothing are handed back in the same write. The result always has one row, carrying the
+/// takeover counts, with NULL delivery columns when nothing was picked.
 pub(crate) const CLAIM: &str = r#"
 WITH held AS (
   SELECT l.lane, l.epoch, l.in_flight FROM "{{schema}}"."{{prefix}}lanes" l
@@ -33,16 +41,21 @@ WITH held AS (
                     AND d.handler = ANY ($3))
    ORDER BY l.lane LIMIT $5
    FOR UPDATE SKIP LOCKED
+), seen AS (
+  SELECT l.lane, l.in_flight FROM "{{schema}}"."{{prefix}}lanes" l
+   WHERE l.lane IN (SELECT lane FROM held) OR l.lane IN (SELECT lane FROM taken)
 ), running AS (
   SELECT h.lane, coalesce(array_agg(d.id) FILTER (WHERE d.id IS NOT NULL), '{}') AS ids
     FROM held h LEFT JOIN "{{schema}}"."{{prefix}}deliveries" d
       ON d.id = ANY (h.in_flight) AND d.lane = h.lane AND d.status = 'pending'
    GROUP BY h.lane
 ), mine AS (
-  SELECT h.lane, h.epoch, r.ids AS running, false AS fresh, false AS takeover
-    FROM held h JOIN running r USING (lane)
+  SELECT h.lane, h.epoch, r.ids AS running, h.in_flight || s.in_flight AS busy,
+         false AS fresh, false AS takeover
+    FROM held h JOIN running r USING (lane) JOIN seen s USING (lane)
   UNION ALL
-  SELECT t.lane, t.epoch + 1, '{}'::text[], true, t.takeover FROM taken t
+  SELECT t.lane, t.epoch + 1, '{}'::text[], t.in_flight || s.in_flight, true, t.takeover
+    FROM taken t JOIN seen s USING (lane)
 ), charged AS (
   UPDATE "{{schema}}"."{{prefix}}deliveries" d
      SET attempts = d.attempts + 1, claims = d.claims + 1, updated_at = now(),
@@ -54,17 +67,17 @@ WITH held AS (
   RETURNING d.id
 ), picked AS (
   SELECT p.* FROM mine m CROSS JOIN LATERAL (
-    SELECT d.id, d.lane, d.claims, d.attempts, d.handler, d.event_id, d.available_at
+    SELECT d.id, d.lane, d.claims, d.attempts, d.handler, d.event_id, d.available_at, m.fresh
       FROM "{{schema}}"."{{prefix}}deliveries" d
      WHERE d.lane = m.lane AND d.status = 'pending' AND d.available_at <= now()
-       AND d.handler = ANY ($3) AND NOT (d.id = ANY (m.running))
+       AND d.handler = ANY ($3) AND NOT (d.id = ANY (m.busy))
        AND (d.key IS NULL OR NOT EXISTS (
              SELECT 1 FROM "{{schema}}"."{{prefix}}deliveries" e
               WHERE e.lane = d.lane AND e.handler = d.handler AND e.key = d.key
                 AND e.status = 'pending' AND e.sequence < d.sequence))
      ORDER BY d.available_at, d.id LIMIT $4) p
    WHERE NOT m.takeover
-   ORDER BY p.available_at, p.id LIMIT $4
+   ORDER BY p.fresh, p.lane, p.available_at, p.id LIMIT $4
 ), picks AS (
   SELECT lane, array_agg(id) AS ids FROM picked GROUP BY lane
 ), written AS (
@@ -81,11 +94,11 @@ WITH held AS (
   RETURNING l.lane, l.epoch
 )
 SELECT p.id, p.lane, w.epoch, p.claims, p.attempts, p.handler,
-       e.id, e.type, e.key, e.payload, e.headers, e.created_at,
-       (SELECT count(*) FROM charged) AS charged, (SELECT count(*) FROM taken) AS taken
-  FROM picked p JOIN written w USING (lane)
-  JOIN "{{schema}}"."{{prefix}}events" e ON e.id = p.event_id
- ORDER BY p.available_at, p.id
+       e.id, e.type, e.key, e.payload, e.headers, e.created_at, c.n AS charged, t.n AS taken
+  FROM (SELECT count(*) AS n FROM charged) c CROSS JOIN (SELECT count(*) AS n FROM taken) t
+  LEFT JOIN (picked p JOIN written w USING (lane)
+             JOIN "{{schema}}"."{{prefix}}events" e ON e.id = p.event_id) ON true
+ ORDER BY p.fresh, p.lane, p.available_at, p.id
 "#;
 pub(crate) const CLAIM_TYPES: &[Type] = &[
     Type::TEXT,
@@ -97,26 +110,37 @@ pub(crate) const CLAIM_TYPES: &[Type] = &[
 ];
 
 /// Completion: deletes the deliveries whose tokens are still valid, in one statement for a whole
-/// window of completions. Reads the lane rows without locking them, so it never waits for the
+/// window of completions. The in-flight lists of the fenced lanes (lane and epoch as in the
+/// tokens) are unnested once and joined by id, so the check costs one pass, not a search of the
+/// list per delivery. Both sets are materialized: a generic plan cannot know the batch size, and
+/// left to nest it re-reads (and de-TOASTs) an in-flight list once per token (measured: 34 ms
+/// for 200 completions). Lane rows are read without a lock, so a completion never waits for the
 /// owner's claims; a takeover that committed first has bumped `claims`, and the re-check of the
 /// row under the delete then fails, so a completion and a takeover never both win.
 pub(crate) const COMPLETE: &str = r#"
+WITH t AS MATERIALIZED (
+  SELECT * FROM unnest($1::text[], $2::int2[], $3::int8[], $4::int4[]) AS t(id, lane, epoch, claims)
+), fenced AS MATERIALIZED (
+  SELECT t.id, t.claims FROM t JOIN (
+    SELECT f.id FROM "{{schema}}"."{{prefix}}lanes" l CROSS JOIN LATERAL unnest(l.in_flight) AS f(id)
+     WHERE (l.lane, l.epoch) IN (SELECT lane, epoch FROM t)) AS listed ON listed.id = t.id
+)
 DELETE FROM "{{schema}}"."{{prefix}}deliveries" d
- USING unnest($1::text[], $2::int2[], $3::int8[], $4::int4[]) AS t(id, lane, epoch, claims),
-       "{{schema}}"."{{prefix}}lanes" l
- WHERE d.id = t.id AND d.claims = t.claims AND l.lane = t.lane AND l.epoch = t.epoch
-   AND d.id = ANY (l.in_flight)
+ USING fenced f WHERE d.id = f.id AND d.claims = f.claims
 RETURNING d.id
 "#;
 
 /// Completion that also appends to the completion history.
 pub(crate) const COMPLETE_WITH_HISTORY: &str = r#"
-WITH done AS (
+WITH t AS MATERIALIZED (
+  SELECT * FROM unnest($1::text[], $2::int2[], $3::int8[], $4::int4[]) AS t(id, lane, epoch, claims)
+), fenced AS MATERIALIZED (
+  SELECT t.id, t.claims FROM t JOIN (
+    SELECT f.id FROM "{{schema}}"."{{prefix}}lanes" l CROSS JOIN LATERAL unnest(l.in_flight) AS f(id)
+     WHERE (l.lane, l.epoch) IN (SELECT lane, epoch FROM t)) AS listed ON listed.id = t.id
+), done AS (
   DELETE FROM "{{schema}}"."{{prefix}}deliveries" d
-   USING unnest($1::text[], $2::int2[], $3::int8[], $4::int4[]) AS t(id, lane, epoch, claims),
-         "{{schema}}"."{{prefix}}lanes" l
-   WHERE d.id = t.id AND d.claims = t.claims AND l.lane = t.lane AND l.epoch = t.epoch
-     AND d.id = ANY (l.in_flight)
+   USING fenced f WHERE d.id = f.id AND d.claims = f.claims
   RETURNING d.id, d.event_id, d.handler, d.attempts
 ), history AS (
   INSERT INTO "{{schema}}"."{{prefix}}completions" (event_id, handler, attempts)
@@ -246,28 +270,30 @@ impl PgStore {
             )
             .await
             .map_err(StoreError::db("could not claim deliveries"))?;
-        let mut stats = ClaimStats::default();
+        let stats = rows
+            .first()
+            .map_or_else(ClaimStats::default, |r| ClaimStats {
+                charged: r.get(12),
+                lanes_taken: r.get(13),
+            });
         let claimed = rows
             .iter()
-            .map(|r| {
-                stats.charged = r.get(12);
-                stats.lanes_taken = r.get(13);
-                ClaimedDelivery {
-                    token: LeaseToken {
-                        delivery_id: r.get(0),
-                        lane: r.get(1),
-                        epoch: r.get(2),
-                        claims: r.get(3),
-                    },
-                    attempts: r.get(4),
-                    handler: r.get(5),
-                    event_id: r.get(6),
-                    event_type: r.get(7),
-                    key: r.get(8),
-                    payload: r.get(9),
-                    headers: r.get(10),
-                    created_at: r.get::<_, DateTime<Utc>>(11),
-                }
+            .filter(|r| r.get::<_, Option<&str>>(0).is_some())
+            .map(|r| ClaimedDelivery {
+                token: LeaseToken {
+                    delivery_id: r.get(0),
+                    lane: r.get(1),
+                    epoch: r.get(2),
+                    claims: r.get(3),
+                },
+                attempts: r.get(4),
+                handler: r.get(5),
+                event_id: r.get(6),
+                event_type: r.get(7),
+                key: r.get(8),
+                payload: r.get(9),
+                headers: r.get(10),
+                created_at: r.get::<_, DateTime<Utc>>(11),
             })
             .collect();
         Ok((claimed, stats))

@@ -1,0 +1,89 @@
+//! A real HTTP/1.1 server on 127.0.0.1 for webhook tests: it records every request and answers
+//! with the scripted responses in order (the last one repeats).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Request {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+pub struct Server {
+    pub url: String,
+    pub requests: Arc<Mutex<Vec<Request>>>,
+}
+
+/// `responses`: (status, extra header lines, body).
+pub fn serve(responses: Vec<(u16, &'static str, &'static str)>) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let requests = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&requests);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let seen = Arc::clone(&seen);
+            let responses = responses.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut writer = stream;
+                // Keep-alive: answer requests on this connection until the client closes it.
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
+                    let mut headers = vec![];
+                    let mut length = 0usize;
+                    loop {
+                        let mut h = String::new();
+                        reader.read_line(&mut h).unwrap();
+                        let h = h.trim_end();
+                        if h.is_empty() {
+                            break;
+                        }
+                        let (k, v) = h.split_once(':').unwrap();
+                        if k.eq_ignore_ascii_case("content-length") {
+                            length = v.trim().parse().unwrap();
+                        }
+                        headers.push((k.to_owned(), v.trim().to_owned()));
+                    }
+                    let mut body = vec![0; length];
+                    reader.read_exact(&mut body).unwrap();
+                    let index = {
+                        let mut all = seen.lock().unwrap();
+                        all.push(Request {
+                            path,
+                            headers,
+                            body: String::from_utf8(body).unwrap(),
+                        });
+                        all.len() - 1
+                    };
+                    let (status, extra, text) = responses[index.min(responses.len() - 1)];
+                    let reply = format!(
+                        "HTTP/1.1 {status} X\r\nContent-Length: {}\r\n{extra}\r\n{text}",
+                        text.len()
+                    );
+                    if writer.write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Server { url, requests }
+}

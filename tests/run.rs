@@ -1,0 +1,626 @@
+//! relaybus run: real worker processes, real shell commands, a real HTTP server.
+
+use std::collections::HashMap;
+use std::process::{Child, Command as StdCommand, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+use crate::common::http::serve;
+use crate::common::{database_url, stderr, stdout, TestSchema};
+
+fn publish(s: &TestSchema, lines: &[String]) {
+    let out = s
+        .cmd()
+        .arg("publish")
+        .write_stdin(lines.join("\n"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+fn event(id: &str, key: Option<&str>, handlers: &[&str], payload: serde_json::Value) -> String {
+    serde_json::json!({"id": id, "type": "test.event", "key": key, "handlers": handlers, "payload": payload})
+        .to_string()
+}
+
+/// A worker process in the background.
+fn spawn_worker(s: &TestSchema, args: &[&str]) -> Child {
+    StdCommand::new(assert_cmd::cargo::cargo_bin("relaybus"))
+        .env("RELAYBUS_DATABASE_URL", database_url())
+        .args(["--schema", &s.name, "run"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn signal(child: &Child, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
+}
+
+/// Table counters of this test's schema, once the server has them all.
+fn table_stats(s: &TestSchema, table: &str) -> (i64, i64, i64, i64) {
+    s.exec("SELECT pg_stat_clear_snapshot()");
+    let r = &s.query(&format!(
+        "SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables \
+          WHERE schemaname = '{}' AND relname = 'relaybus_{table}'",
+        s.name
+    ))[0];
+    (r.get(0), r.get(1), r.get(2), r.get(3))
+}
+
+#[test]
+fn three_workers_handle_3000_deliveries_exactly_once_in_key_order() {
+    let s = TestSchema::installed("run_exactly_once");
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("handled.log");
+    let mut lines = vec![];
+    let mut per_key = HashMap::new();
+    for i in 0..1500 {
+        let key = (i % 3 != 0).then(|| format!("key-{}", i % 20));
+        let n = key.as_ref().map(|k| {
+            let c = per_key.entry(k.clone()).or_insert(0);
+            *c += 1;
+            *c
+        });
+        lines.push(event(
+            &format!("ev-{i:04}"),
+            key.as_deref(),
+            &["alpha", "beta"],
+            serde_json::json!({"n": n}),
+        ));
+    }
+    publish(&s, &lines);
+    let config = dir.path().join("handlers.toml");
+    // Each line is shorter than PIPE_BUF, so appends from concurrent processes never interleave.
+    let command = format!(
+        "n=$(sed -n 's/.*\"payload\":{{\"n\":\\([0-9]*\\)}}.*/\\1/p'); echo \"$RELAYBUS_HANDLER $RELAYBUS_EVENT_ID ${{RELAYBUS_KEY:--}} ${{n:--}} $RELAYBUS_ATTEMPT\" >> {}",
+        log.display()
+    );
+    std::fs::write(
+        &config,
+        format!(
+            "[handlers.alpha]\nexec = '''{command}'''\n\n[handlers.beta]\nexec = '''{command}'''\n"
+        ),
+    )
+    .unwrap();
+    let workers: Vec<Child> = (0..3)
+        .map(|_| {
+            spawn_worker(
+                &s,
+                &[
+                    "--config",
+                    config.to_str().unwrap(),
+                    "--drain",
+                    "--poll-interval",
+                    "50ms",
+                    "--concurrency",
+                    "8",
+                ],
+            )
+        })
+        .collect();
+    let mut handled = 0;
+    for w in workers {
+        let out = w.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let summary = stdout(&out);
+        let n: u64 = summary
+            .strip_prefix("handled ")
+            .and_then(|r| r.split(',').next())
+            .unwrap()
+            .parse()
+            .unwrap();
+        handled += n;
+        assert!(
+            summary.ends_with(", failed attempts 0, dead 0, lease lost 0, released 0\n"),
+            "{summary}"
+        );
+    }
+    assert_eq!(handled, 3000);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut seen: HashMap<(String, String), usize> = HashMap::new();
+    let mut last: HashMap<(String, String), u64> = HashMap::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        assert_eq!(f.len(), 5, "{line}");
+        assert_eq!(f[4], "1", "first attempt only: {line}");
+        *seen.entry((f[0].into(), f[1].into())).or_default() += 1;
+        if f[2] != "-" {
+            let n: u64 = f[3].parse().unwrap();
+            let prev = last.insert((f[0].into(), f[2].into()), n).unwrap_or(0);
+            assert_eq!(n, prev + 1, "per-key order of {} on {}", f[0], f[2]);
+        }
+    }
+    assert_eq!(seen.len(), 3000);
+    assert!(seen.values().all(|&c| c == 1));
+    assert_eq!(
+        s.count(&format!("SELECT count(*) FROM {}", s.table("deliveries"))),
+        0
+    );
+    assert_eq!(
+        s.count(&format!(
+            "SELECT count(*) FROM {} WHERE lease_owner IS NOT NULL",
+            s.table("lanes")
+        )),
+        0
+    );
+}
+
+#[test]
+fn the_happy_path_writes_no_delivery_row_and_only_hot_lane_updates() {
+    let s = TestSchema::installed("run_counters");
+    let lines: Vec<String> = (0..200)
+        .map(|i| {
+            event(
+                &format!("e{i}"),
+                (i % 2 == 0).then_some("k"),
+                &["h"],
+                serde_json::json!({}),
+            )
+        })
+        .collect();
+    publish(&s, &lines);
+    s.cmd()
+        .args([
+            "run",
+            "--handler",
+            "h",
+            "--exec",
+            "true",
+            "--drain",
+            "--concurrency",
+            "20",
+            "--batch-size",
+            "20",
+        ])
+        .timeout(Duration::from_secs(60))
+        .assert()
+        .success()
+        .stdout("handled 200, failed attempts 0, dead 0, lease lost 0, released 0\n");
+    let mut deliveries = (0, 0, 0, 0);
+    wait_until(
+        "the server's table statistics",
+        Duration::from_secs(10),
+        || {
+            deliveries = table_stats(&s, "deliveries");
+            deliveries.3 == 200
+        },
+    );
+    assert_eq!(deliveries, (200, 0, 0, 200));
+    let (_, upd, hot, del) = table_stats(&s, "lanes");
+    assert!(upd > 0);
+    assert_eq!((hot, del), (upd, 0));
+}
+
+/// Zero retry delay makes every failure race the next claim of its lane: a claim whose snapshot
+/// predates the failure must not pick the delivery again (that showed as "lease lost" and a
+/// second run of the same attempt).
+#[test]
+fn failures_are_retried_then_buried_with_the_stderr_tail() {
+    let s = TestSchema::installed("run_retries");
+    let lines: Vec<String> = (0..20)
+        .map(|i| event(&format!("e{i:02}"), None, &["h"], serde_json::json!({})))
+        .collect();
+    publish(&s, &lines);
+    s.cmd()
+        .args([
+            "run",
+            "--handler",
+            "h",
+            "--exec",
+            "cat >/dev/null; echo \"boom $RELAYBUS_ATTEMPT\" >&2; exit 3",
+            "--max-attempts",
+            "3",
+            "--retry-delay",
+            "0s",
+            "--drain",
+            "--poll-interval",
+            "5ms",
+            "--concurrency",
+            "20",
+            "--batch-size",
+            "20",
+        ])
+        .timeout(Duration::from_secs(60))
+        .assert()
+        .success()
+        .stdout("handled 0, failed attempts 40, dead 20, lease lost 0, released 0\n");
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT status, attempts, claims, last_error, count(*) FROM {} GROUP BY 1, 2, 3, 4",
+            s.table("deliveries")
+        )),
+        ["dead|3|3|exit 3: boom 3|20"]
+    );
+}
+
+#[test]
+fn exit_65_buries_at_once_and_the_envelope_is_on_stdin() {
+    let s = TestSchema::installed("run_exit65");
+    publish(
+        &s,
+        &[event(
+            "e1",
+            Some("k1"),
+            &["h"],
+            serde_json::json!({"a": [1, 2]}),
+        )],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let env_file = dir.path().join("env");
+    let cmd = format!(
+        "cat > {0}.json; env | grep ^RELAYBUS_ | sort > {0}; exit 65",
+        env_file.display()
+    );
+    s.cmd()
+        .args(["run", "--handler", "h", "--exec", &cmd, "--drain"])
+        .timeout(Duration::from_secs(30))
+        .assert()
+        .success()
+        .stdout("handled 0, failed attempts 0, dead 1, lease lost 0, released 0\n");
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT status, attempts, last_error FROM {}",
+            s.table("deliveries")
+        )),
+        ["dead|1|exit 65"]
+    );
+    let delivery_id: String =
+        s.query(&format!("SELECT id FROM {}", s.table("deliveries")))[0].get(0);
+    let env = std::fs::read_to_string(&env_file).unwrap();
+    assert_eq!(
+        env,
+        format!(
+            "RELAYBUS_ATTEMPT=1\nRELAYBUS_DELIVERY_ID={delivery_id}\nRELAYBUS_EVENT_ID=e1\nRELAYBUS_EVENT_TYPE=test.event\nRELAYBUS_HANDLER=h\nRELAYBUS_KEY=k1\n"
+        )
+    );
+    let envelope: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("env.json")).unwrap())
+            .unwrap();
+    let created_at = envelope["createdAt"].as_str().unwrap().to_owned();
+    assert_eq!(
+        envelope,
+        serde_json::json!({
+            "id": "e1", "type": "test.event", "key": "k1", "payload": {"a": [1, 2]}, "headers": {},
+            "createdAt": created_at, "handler": "h", "deliveryId": delivery_id, "attempt": 1
+        })
+    );
+}
+
+#[test]
+fn a_timeout_kills_the_whole_process_group() {
+    let s = TestSchema::installed("run_timeout");
+    publish(&s, &[event("e1", None, &["h"], serde_json::json!({}))]);
+    let marker = format!("{}.{}", 300 + std::process::id() % 100, std::process::id());
+    let cmd = format!("(sleep {marker} &); sleep {marker}");
+    s.cmd()
+        .args([
+            "run",
+            "--handler",
+            "h",
+            "--exec",
+            &cmd,
+            "--timeout",
+            "300ms",
+            "--max-attempts",
+            "1",
+            "--drain",
+        ])
+        .timeout(Duration::from_secs(30))
+        .assert()
+        .success()
+        .stdout("handled 0, failed attempts 0, dead 1, lease lost 0, released 0\n");
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT status, last_error FROM {}",
+            s.table("deliveries")
+        )),
+        ["dead|timed out after 300ms; the process group was killed"]
+    );
+    let survivors = StdCommand::new("pgrep")
+        .args(["-f", &format!("sleep {marker}")])
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&survivors), "", "a grandchild survived the timeout");
+}
+
+fn sign(secret_b64: &str, id: &str, ts: &str, body: &str) -> String {
+    let key = STANDARD.decode(secret_b64).unwrap();
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key).unwrap();
+    mac.update(format!("{id}.{ts}.{body}").as_bytes());
+    format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
+}
+
+#[test]
+fn webhooks_are_signed_and_2xx_completes() {
+    let s = TestSchema::installed("run_webhook_ok");
+    publish(
+        &s,
+        &[
+            event("e1", None, &["hook"], serde_json::json!({"x": 1})),
+            event("e2", None, &["hook"], serde_json::json!({"x": 2})),
+        ],
+    );
+    let server = serve(vec![(204, "", "")]);
+    let secret = "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    s.cmd()
+        .env("RELAYBUS_WEBHOOK_SECRET", format!("whsec_{secret}"))
+        .args([
+            "run",
+            "--handler",
+            "hook",
+            "--webhook",
+            &server.url,
+            "--drain",
+            "--completion-history",
+        ])
+        .timeout(Duration::from_secs(30))
+        .assert()
+        .success()
+        .stdout("handled 2, failed attempts 0, dead 0, lease lost 0, released 0\n");
+    let requests = server.requests.lock().unwrap().clone();
+    assert_eq!(requests.len(), 2);
+    for r in &requests {
+        assert_eq!(r.path, "/hook");
+        assert_eq!(r.header("content-type"), Some("application/json"));
+        let id = r.header("webhook-id").unwrap();
+        let ts = r.header("webhook-timestamp").unwrap();
+        assert_eq!(
+            r.header("webhook-signature").unwrap(),
+            sign(secret, id, ts, &r.body)
+        );
+        let body: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(body["deliveryId"], id);
+        assert_eq!(body["handler"], "hook");
+        assert_eq!(body["attempt"], 1);
+    }
+    assert_eq!(
+        s.count(&format!("SELECT count(*) FROM {}", s.table("deliveries"))),
+        0
+    );
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT event_id, handler, attempts FROM {} ORDER BY event_id",
+            s.table("completions")
+        )),
+        ["e1|hook|1", "e2|hook|1"]
+    );
+}
+
+#[test]
+fn webhook_410_buries_and_retry_after_is_honoured() {
+    let s = TestSchema::installed("run_webhook_fail");
+    publish(&s, &[event("gone", None, &["a"], serde_json::json!({}))]);
+    let gone = serve(vec![(410, "", "gone for good")]);
+    s.cmd()
+        .args(["run", "--handler", "a", "--webhook", &gone.url, "--drain"])
+        .timeout(Duration::from_secs(30))
+        .assert()
+        .success()
+        .stdout("handled 0, failed attempts 0, dead 1, lease lost 0, released 0\n");
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT status, attempts, last_error FROM {}",
+            s.table("deliveries")
+        )),
+        ["dead|1|HTTP 410: gone for good"]
+    );
+
+    publish(&s, &[event("later", None, &["b"], serde_json::json!({}))]);
+    let busy = serve(vec![(503, "Retry-After: 120\r\n", "busy")]);
+    s.cmd()
+        .args(["run", "--handler", "b", "--webhook", &busy.url, "--drain"])
+        .timeout(Duration::from_secs(30))
+        .assert()
+        .success()
+        .stdout("handled 0, failed attempts 1, dead 0, lease lost 0, released 0\n");
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT status, attempts, last_error, \
+                    round(extract(epoch FROM available_at - updated_at)) FROM {} WHERE handler = 'b'",
+            s.table("deliveries")
+        )),
+        ["pending|1|HTTP 503: busy|120"]
+    );
+}
+
+#[test]
+fn a_killed_worker_s_deliveries_are_redelivered_after_its_lease_with_one_attempt_charged() {
+    let s = TestSchema::installed("run_kill9");
+    let lines: Vec<String> = (0..12)
+        .map(|i| event(&format!("e{i:02}"), None, &["h"], serde_json::json!({})))
+        .collect();
+    publish(&s, &lines);
+    let marker = format!("{}.{}", 200 + std::process::id() % 100, std::process::id());
+    let cmd =
+        format!("cat >/dev/null; [ \"$RELAYBUS_ATTEMPT\" = 1 ] && exec sleep {marker}; exit 0");
+    let args = [
+        "--handler",
+        "h",
+        "--exec",
+        &cmd,
+        "--lease-duration",
+        "1s",
+        "--concurrency",
+        "12",
+        "--batch-size",
+        "12",
+        "--poll-interval",
+        "50ms",
+        "--completion-history",
+    ];
+    let mut victim = spawn_worker(&s, &args);
+    wait_until(
+        "the victim to hold all 12 deliveries",
+        Duration::from_secs(20),
+        || {
+            s.count(&format!(
+                "SELECT coalesce(sum(cardinality(in_flight)), 0) FROM {}",
+                s.table("lanes")
+            )) == 12
+        },
+    );
+    signal(&victim, nix::sys::signal::Signal::SIGKILL);
+    victim.wait().unwrap();
+    let mut drain_args = args.to_vec();
+    drain_args.push("--drain");
+    let out = s
+        .cmd()
+        .arg("run")
+        .args(&drain_args)
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let _ = StdCommand::new("pkill")
+        .args(["-f", &format!("sleep {marker}")])
+        .status();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "handled 12, failed attempts 0, dead 0, lease lost 0, released 0\n"
+    );
+    assert!(stderr(&out).contains("charged one attempt to each delivery they had in flight"));
+    // Completed at attempt 2: the crash was charged as one attempt.
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT count(*), min(attempts), max(attempts) FROM {}",
+            s.table("completions")
+        )),
+        ["12|2|2"]
+    );
+    assert_eq!(
+        s.count(&format!("SELECT count(*) FROM {}", s.table("deliveries"))),
+        0
+    );
+}
+
+#[test]
+fn graceful_shutdown_releases_without_charging_and_hands_lanes_back() {
+    let s = TestSchema::installed("run_graceful");
+    let lines: Vec<String> = (0..4)
+        .map(|i| event(&format!("e{i}"), None, &["h"], serde_json::json!({})))
+        .collect();
+    publish(&s, &lines);
+    let marker = format!("{}.{}", 100 + std::process::id() % 100, std::process::id());
+    let slow = format!("cat >/dev/null; exec sleep {marker}");
+    let worker = spawn_worker(
+        &s,
+        &[
+            "--handler",
+            "h",
+            "--exec",
+            &slow,
+            "--lease-duration",
+            "1h",
+            "--shutdown-grace",
+            "200ms",
+            "--poll-interval",
+            "50ms",
+        ],
+    );
+    wait_until(
+        "the worker to hold all 4 deliveries",
+        Duration::from_secs(20),
+        || {
+            s.count(&format!(
+                "SELECT coalesce(sum(cardinality(in_flight)), 0) FROM {}",
+                s.table("lanes")
+            )) == 4
+        },
+    );
+    signal(&worker, nix::sys::signal::Signal::SIGTERM);
+    let out = worker.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "handled 0, failed attempts 0, dead 0, lease lost 0, released 4\n"
+    );
+    let survivors = StdCommand::new("pgrep")
+        .args(["-f", &format!("sleep {marker}")])
+        .output()
+        .unwrap();
+    assert_eq!(
+        stdout(&survivors),
+        "",
+        "aborted handlers must not outlive the worker"
+    );
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT count(*), count(lease_owner), sum(cardinality(in_flight)) FROM {}",
+            s.table("lanes")
+        )),
+        ["256|0|0"]
+    );
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT status, attempts, claims, count(*) FROM {} GROUP BY 1, 2, 3",
+            s.table("deliveries")
+        )),
+        ["pending|0|1|4"]
+    );
+    // The lease was an hour; a second worker gets the work at once.
+    s.cmd()
+        .args([
+            "run",
+            "--handler",
+            "h",
+            "--exec",
+            "true",
+            "--drain",
+            "--lease-duration",
+            "1h",
+        ])
+        .timeout(Duration::from_secs(20))
+        .assert()
+        .success()
+        .stdout("handled 4, failed attempts 0, dead 0, lease lost 0, released 0\n");
+}
+
+#[test]
+fn a_publish_wakes_an_idle_worker_long_before_its_poll_interval() {
+    let s = TestSchema::installed("run_wakeup");
+    let dir = tempfile::tempdir().unwrap();
+    let done = dir.path().join("done");
+    let worker = spawn_worker(
+        &s,
+        &[
+            "--handler",
+            "h",
+            "--exec",
+            &format!("cat > {}", done.display()),
+            "--poll-interval",
+            "1h",
+        ],
+    );
+    // The first claim finds nothing; from then on only a wake-up can bring the event.
+    wait_until("the worker's listener", Duration::from_secs(20), || {
+        s.count("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %'") > 0
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    publish(&s, &[event("wake", None, &["h"], serde_json::json!({}))]);
+    wait_until(
+        "the woken worker to handle the event",
+        Duration::from_secs(20),
+        || done.exists(),
+    );
+    signal(&worker, nix::sys::signal::Signal::SIGTERM);
+    let out = worker.wait_with_output().unwrap();
+    assert_eq!(
+        stdout(&out),
+        "handled 1, failed attempts 0, dead 0, lease lost 0, released 0\n"
+    );
+}
