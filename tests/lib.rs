@@ -1,6 +1,8 @@
 //! End-to-end tests: the real binary against a real PostgreSQL (RELAYBUS_TEST_DATABASE_URL,
 //! default the local server), each test in a schema of its own.
 
+mod admin;
+mod cli;
 mod common;
 mod fencing;
 mod publish;

@@ -10,7 +10,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::common::http::serve;
-use crate::common::{database_url, stderr, stdout, TestSchema};
+use crate::common::{database_url, stderr, stdout, TestDatabase, TestSchema};
 
 fn publish(s: &TestSchema, lines: &[String]) {
     let out = s
@@ -162,7 +162,9 @@ fn three_workers_handle_3000_deliveries_exactly_once_in_key_order() {
 
 #[test]
 fn the_happy_path_writes_no_delivery_row_and_only_hot_lane_updates() {
-    let s = TestSchema::installed("run_counters");
+    let db = TestDatabase::new("hot");
+    let s = TestSchema::in_database("run_counters", &db.url);
+    s.cmd().arg("setup").assert().success();
     let lines: Vec<String> = (0..200)
         .map(|i| {
             event(

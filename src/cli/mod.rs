@@ -1,8 +1,13 @@
 //! The command line: clap types and one file per command. A command resolves its arguments
 //! into engine calls and formats the result; it never holds SQL or business rules.
 
+mod dead;
+mod deliveries;
+pub mod generate;
+mod lanes;
 mod output;
 mod publish;
+mod purge;
 mod run;
 mod schema_sql;
 mod setup;
@@ -21,12 +26,13 @@ pub use output::Output;
 
 /// The operator's tool for a relaybus event bus.
 ///
-/// Installs and upgrades the store, renders its schema as SQL, publishes events, and inspects
-/// deliveries. Every command talks to the store given by --database-url (or
-/// RELAYBUS_DATABASE_URL, or the libpq variables PGHOST, PGPORT, PGUSER, PGPASSWORD,
-/// PGDATABASE).
+/// Installs and upgrades the store, renders its schema as SQL, publishes events, runs workers
+/// whose handlers are shell commands or webhooks, and finds, requeues and purges deliveries.
+/// Every command talks to the store given by --database-url (or RELAYBUS_DATABASE_URL, or the
+/// libpq variables PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE).
 ///
-/// Exit codes: 0 done, 1 failed (or `setup --check` found the schema not current), 2 usage error.
+/// Exit codes: 0 done, 1 failed (or `setup --check` found the schema not current), 2 usage
+/// error, 130 `run` stopped by a second signal.
 #[derive(Debug, Parser)]
 #[command(
     name = "relaybus",
@@ -89,6 +95,13 @@ pub enum Command {
     Upgrade(upgrade::UpgradeArgs),
     Publish(publish::PublishArgs),
     Run(run::RunArgs),
+    Deliveries(deliveries::DeliveriesArgs),
+    Events(deliveries::EventsArgs),
+    Dead(dead::DeadArgs),
+    Purge(purge::PurgeArgs),
+    Lanes(lanes::LanesArgs),
+    Stats(lanes::StatsArgs),
+    Completions(generate::CompletionsArgs),
 }
 
 /// Durations as `30s`, `5m`, `1h`, `250ms`.
@@ -120,5 +133,12 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Upgrade(args) => upgrade::run(g, &out, args).await,
         Command::Publish(args) => publish::run(g, &out, args).await,
         Command::Run(args) => run::run(g, &out, args).await,
+        Command::Deliveries(args) => deliveries::run(g, &out, args).await,
+        Command::Events(args) => deliveries::run_events(g, &out, args).await,
+        Command::Dead(args) => dead::run(g, &out, args).await,
+        Command::Purge(args) => purge::run(g, &out, args).await,
+        Command::Lanes(args) => lanes::run(g, &out, args).await,
+        Command::Stats(args) => lanes::run_stats(g, &out, args).await,
+        Command::Completions(args) => generate::run(g, &out, args),
     }
 }

@@ -78,3 +78,22 @@ pub fn confirm(question: &str, yes: bool) -> Result<bool> {
     io::stdin().lock().read_line(&mut answer)?;
     Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
 }
+
+/// A timestamp for tables: UTC to the second.
+pub fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
+    t.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
+        .unwrap_or_else(|| "-".into())
+}
+
+/// A text cut to `max` characters for a table cell, on one line.
+pub fn cell(text: Option<&str>, max: usize) -> String {
+    let Some(text) = text else {
+        return "-".into();
+    };
+    let line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if line.chars().count() <= max {
+        line
+    } else {
+        line.chars().take(max.saturating_sub(1)).collect::<String>() + "…"
+    }
+}

@@ -23,6 +23,7 @@ use crate::store::{EventLimits, NewEvent, Store, StoreError};
 ///   relaybus publish --type order.paid --key order-7 --handler billing --data '{"total": 42}'
 ///   cat events.ndjson | relaybus publish --handler billing
 #[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
 pub struct PublishArgs {
     /// Event type (publishes one event from flags).
     #[arg(long = "type", value_name = "TYPE")]

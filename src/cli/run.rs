@@ -47,6 +47,7 @@ use crate::store::postgres::StoreOptions;
 /// releases the rest without charging an attempt and hands every lane back. A second signal
 /// aborts running handlers at once and exits with code 130.
 #[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
 pub struct RunArgs {
     /// Handler name (with --exec or --webhook).
     #[arg(long, value_name = "NAME", conflicts_with = "config")]

@@ -16,6 +16,7 @@ use crate::store::postgres::{conversion_script, install_script};
 ///   relaybus schema-sql --schema app > relaybus.sql
 ///   psql -v ON_ERROR_STOP=1 --single-transaction -f relaybus.sql
 #[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
 pub struct SchemaSqlArgs {
     /// Render the conversion from this installed version instead of a fresh install.
     #[arg(long, value_enum, value_name = "VERSION")]

@@ -26,10 +26,7 @@ pub struct SetupArgs {
 }
 
 pub async fn run(g: &GlobalArgs, out: &Output, args: SetupArgs) -> Result<ExitCode> {
-    let store = g.store(StoreOptions {
-        pool_size: 2,
-        notify: false,
-    })?;
+    let store = g.store(StoreOptions::admin())?;
     let ns = store.namespace();
     let place = format!("schema \"{}\", prefix \"{}\"", ns.schema(), ns.prefix());
     if args.check {

@@ -71,10 +71,7 @@ fn print_plan(out: &Output, plan: &UpgradePlan) -> Result<()> {
 }
 
 pub async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Result<ExitCode> {
-    let store = g.store(StoreOptions {
-        pool_size: 2,
-        notify: false,
-    })?;
+    let store = g.store(StoreOptions::admin())?;
     let ns = store.namespace().clone();
     let plan = store.upgrade_plan().await?;
     match &plan.found {

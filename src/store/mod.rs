@@ -81,4 +81,81 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whether any delivery of these handlers is due.
     fn due_exists(&self, handlers: &[String]) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Deliveries matching a filter, in creation order (completed ones newest first).
+    fn list_deliveries(
+        &self,
+        filter: &DeliveryFilter,
+    ) -> impl Future<Output = Result<Vec<DeliveryRow>>> + Send;
+
+    fn show_delivery(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<Option<DeliveryDetail>>> + Send;
+
+    fn show_event(&self, id: &str) -> impl Future<Output = Result<Option<EventDetail>>> + Send;
+
+    /// How many dead deliveries a requeue would select.
+    fn count_dead(&self, selector: &RequeueSelector) -> impl Future<Output = Result<i64>> + Send;
+
+    /// Makes the selected dead deliveries pending, due now, with a fresh attempt budget, in one
+    /// transaction; returns their ids.
+    fn requeue(
+        &self,
+        selector: &RequeueSelector,
+    ) -> impl Future<Output = Result<Vec<String>>> + Send;
+
+    /// What `purge` would delete.
+    fn purge_count(
+        &self,
+        options: &PurgeOptions,
+    ) -> impl Future<Output = Result<PurgeCounts>> + Send;
+
+    /// Deletes one bounded batch of one kind of expired rows.
+    fn purge_batch(
+        &self,
+        kind: PurgeKind,
+        age: std::time::Duration,
+        batch: i64,
+    ) -> impl Future<Output = Result<PurgeBatch>> + Send;
+
+    fn lanes(&self) -> impl Future<Output = Result<Vec<LaneRow>>> + Send;
+
+    fn stats(&self) -> impl Future<Output = Result<Vec<HandlerStats>>> + Send;
+}
+
+/// Retention: dead deliveries, then completed rows kept from 0.1, the completion history, and
+/// last the events left without deliveries (so events freed by this purge go too), each in
+/// bounded batches so that no statement holds its locks for long. `progress` sees the running
+/// totals after every batch.
+pub async fn purge<S: Store>(
+    store: &S,
+    options: &PurgeOptions,
+    progress: impl Fn(&PurgeCounts),
+) -> Result<PurgeCounts> {
+    let mut done = PurgeCounts::default();
+    let steps = [
+        (PurgeKind::Dead, options.dead_older_than),
+        (PurgeKind::Completed, options.completed_older_than),
+        (PurgeKind::History, options.completed_older_than),
+        (PurgeKind::Events, options.completed_older_than),
+    ];
+    for (kind, age) in steps {
+        let Some(age) = age else { continue };
+        loop {
+            let batch = store.purge_batch(kind, age, options.batch).await?;
+            let total = match kind {
+                PurgeKind::Dead => &mut done.dead,
+                PurgeKind::Completed => &mut done.completed,
+                PurgeKind::History => &mut done.history,
+                PurgeKind::Events => &mut done.events,
+            };
+            *total += batch.deleted;
+            progress(&done);
+            if !batch.more {
+                break;
+            }
+        }
+    }
+    Ok(done)
 }

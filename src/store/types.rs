@@ -234,3 +234,145 @@ pub enum Failure {
     /// Dead letter: never claimed again until requeued.
     Bury,
 }
+
+/// A delivery's state as operators see it. `processing` is derived: a pending delivery listed
+/// in its lane's in-flight set under a live lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryStatus {
+    Pending,
+    Processing,
+    Dead,
+    Completed,
+}
+
+/// What `deliveries list` selects.
+#[derive(Clone, Debug, Default)]
+pub struct DeliveryFilter {
+    pub status: Option<DeliveryStatus>,
+    pub handler: Option<String>,
+    pub key: Option<String>,
+    pub event_id: Option<String>,
+    pub event_type: Option<String>,
+    pub limit: i64,
+}
+
+/// One delivery as listed. Completion-history entries have no delivery id.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeliveryRow {
+    pub id: Option<String>,
+    pub event_id: String,
+    pub event_type: String,
+    pub handler: String,
+    pub status: String,
+    pub attempts: i32,
+    pub key: Option<String>,
+    pub sequence: Option<i64>,
+    pub lane: Option<i16>,
+    pub available_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub last_error: Option<String>,
+    pub created_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub updated_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub completed_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// A delivery with its lane and, while it runs, its lease.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeliveryDetail {
+    #[serde(flatten)]
+    pub delivery: DeliveryRow,
+    pub claims: i32,
+    pub lane_owner: Option<String>,
+    pub lane_epoch: i64,
+    pub lease_expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// `lane:epoch:claims` while the delivery is processing.
+    pub lease_token: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct EventDetail {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub event_type: String,
+    pub key: Option<String>,
+    pub payload: Value,
+    pub headers: Value,
+    /// Every handler the event ever had a delivery for.
+    pub handlers: Vec<String>,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    /// What is left: deliveries not completed yet (and 0.1 completed rows).
+    pub deliveries: Vec<DeliveryRow>,
+}
+
+/// Which dead deliveries a requeue selects; the criteria combine with AND.
+#[derive(Clone, Debug, Default)]
+pub struct RequeueSelector {
+    pub ids: Vec<String>,
+    pub handler: Option<String>,
+    pub event_type: Option<String>,
+    pub error_contains: Option<String>,
+    /// Select every dead delivery (required when nothing else is given).
+    pub all: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct PurgeOptions {
+    /// Completed rows kept from 0.1, completion history and events without deliveries older
+    /// than this.
+    pub completed_older_than: Option<std::time::Duration>,
+    /// Dead deliveries last updated longer ago than this.
+    pub dead_older_than: Option<std::time::Duration>,
+    /// Rows per statement, so no statement holds its locks for long.
+    pub batch: i64,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct PurgeCounts {
+    pub dead: i64,
+    pub completed: i64,
+    pub history: i64,
+    pub events: i64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LaneRow {
+    pub lane: i16,
+    pub owner: Option<String>,
+    pub epoch: i64,
+    pub lease_expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub expired: bool,
+    pub in_flight: i64,
+    pub pending: i64,
+    pub oldest_due: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct HandlerStats {
+    pub handler: String,
+    /// Pending and due now (not running).
+    pub due: i64,
+    /// Pending, due later (backoff or Retry-After).
+    pub scheduled: i64,
+    pub processing: i64,
+    pub dead: i64,
+    /// From the completion history and 0.1 completed rows; 0 without history.
+    pub completed: i64,
+    /// Age of the oldest due delivery, in seconds.
+    pub lag_seconds: Option<f64>,
+}
+
+/// One purge batch: rows deleted, and whether another batch may find more.
+#[derive(Clone, Copy, Debug)]
+pub struct PurgeBatch {
+    pub deleted: i64,
+    pub more: bool,
+}
+
+/// What one purge batch deletes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PurgeKind {
+    Dead,
+    Completed,
+    History,
+    Events,
+}

@@ -26,8 +26,12 @@ pub fn runtime() -> &'static tokio::runtime::Runtime {
 }
 
 pub fn connect() -> Client {
+    connect_to(&database_url())
+}
+
+fn connect_to(url: &str) -> Client {
     runtime().block_on(async {
-        let (client, conn) = tokio_postgres::connect(&database_url(), NoTls)
+        let (client, conn) = tokio_postgres::connect(url, NoTls)
             .await
             .expect("the test database is reachable (set RELAYBUS_TEST_DATABASE_URL)");
         tokio::spawn(conn);
@@ -35,27 +39,74 @@ pub fn connect() -> Client {
     })
 }
 
+fn unique(test: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "t{}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        test
+    )
+}
+
+/// A database of its own, for tests whose counters depend on what other sessions of the same
+/// database do (old row versions are pruned only past the oldest snapshot in the database).
+pub struct TestDatabase {
+    pub name: String,
+    pub url: String,
+}
+
+impl TestDatabase {
+    pub fn new(test: &str) -> Self {
+        let name = unique(test);
+        let admin = connect();
+        runtime()
+            .block_on(admin.batch_execute(&format!("CREATE DATABASE \"{name}\"")))
+            .unwrap();
+        let base = database_url();
+        let url = match base.rsplit_once('/') {
+            Some((server, _)) => format!("{server}/{name}"),
+            None => panic!("RELAYBUS_TEST_DATABASE_URL has no database: {base}"),
+        };
+        Self { name, url }
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let admin = connect();
+        let _ = runtime().block_on(admin.batch_execute(&format!(
+            "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+            self.name
+        )));
+    }
+}
+
 /// A schema of its own for one test, dropped when the test ends.
 pub struct TestSchema {
     pub name: String,
     pub client: Client,
+    url: String,
 }
 
 impl TestSchema {
     /// An empty schema name (nothing created yet).
     pub fn new(test: &str) -> Self {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let name = format!(
-            "t{}_{}_{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed),
-            test
-        );
-        let client = connect();
+        Self::in_database(test, &database_url())
+    }
+
+    /// An empty schema in the database at `url`.
+    pub fn in_database(test: &str, url: &str) -> Self {
+        let name = unique(test);
+        let client = connect_to(url);
         runtime()
             .block_on(client.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE")))
             .unwrap();
-        Self { name, client }
+        Self {
+            name,
+            client,
+            url: url.to_owned(),
+        }
     }
 
     /// A schema with relaybus installed by `relaybus setup`.
@@ -84,7 +135,7 @@ impl TestSchema {
     /// The binary, pointed at this schema.
     pub fn cmd(&self) -> Command {
         let mut cmd = Command::cargo_bin("relaybus").unwrap();
-        cmd.env("RELAYBUS_DATABASE_URL", database_url())
+        cmd.env("RELAYBUS_DATABASE_URL", &self.url)
             .env_remove("RELAYBUS_WEBHOOK_SECRET")
             .args(["--schema", &self.name]);
         cmd

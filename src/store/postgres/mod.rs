@@ -2,6 +2,7 @@
 //! delivery path. Statements are rendered once per store for its namespace; each is prepared
 //! once per connection.
 
+mod admin;
 mod conn;
 mod dispatch;
 mod notify;
@@ -20,8 +21,10 @@ use notify::Notifier;
 use tokio_postgres::types::Type;
 
 use crate::store::{
-    ClaimRequest, ClaimedDelivery, Failure, LeaseToken, Namespace, NewEvent, PublishedDelivery,
-    Result, SchemaStatus, SetupOutcome, Store, UpgradePlan, UpgradeStep,
+    ClaimRequest, ClaimedDelivery, DeliveryDetail, DeliveryFilter, DeliveryRow, EventDetail,
+    Failure, HandlerStats, LaneRow, LeaseToken, Namespace, NewEvent, PublishedDelivery, PurgeBatch,
+    PurgeCounts, PurgeKind, PurgeOptions, RequeueSelector, Result, SchemaStatus, SetupOutcome,
+    Store, UpgradePlan, UpgradeStep,
 };
 
 /// The statements of one store, rendered for its namespace.
@@ -76,6 +79,16 @@ pub struct StoreOptions {
     pub pool_size: usize,
     /// Send wake-up notifications after publishing (`false` for poolers that cannot LISTEN).
     pub notify: bool,
+}
+
+impl StoreOptions {
+    /// For one-shot commands: two connections, no wake-ups.
+    pub fn admin() -> Self {
+        Self {
+            pool_size: 2,
+            notify: false,
+        }
+    }
 }
 
 impl Default for StoreOptions {
@@ -191,5 +204,46 @@ impl Store for PgStore {
 
     async fn due_exists(&self, handlers: &[String]) -> Result<bool> {
         self.due_exists_impl(handlers).await
+    }
+
+    async fn list_deliveries(&self, filter: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
+        self.list_deliveries_impl(filter).await
+    }
+
+    async fn show_delivery(&self, id: &str) -> Result<Option<DeliveryDetail>> {
+        self.show_delivery_impl(id).await
+    }
+
+    async fn show_event(&self, id: &str) -> Result<Option<EventDetail>> {
+        self.show_event_impl(id).await
+    }
+
+    async fn count_dead(&self, selector: &RequeueSelector) -> Result<i64> {
+        self.count_dead_impl(selector).await
+    }
+
+    async fn requeue(&self, selector: &RequeueSelector) -> Result<Vec<String>> {
+        self.requeue_impl(selector).await
+    }
+
+    async fn purge_count(&self, options: &PurgeOptions) -> Result<PurgeCounts> {
+        self.purge_count_impl(options).await
+    }
+
+    async fn purge_batch(
+        &self,
+        kind: PurgeKind,
+        age: std::time::Duration,
+        batch: i64,
+    ) -> Result<PurgeBatch> {
+        self.purge_batch_impl(kind, age, batch).await
+    }
+
+    async fn lanes(&self) -> Result<Vec<LaneRow>> {
+        self.lanes_impl().await
+    }
+
+    async fn stats(&self) -> Result<Vec<HandlerStats>> {
+        self.stats_impl().await
     }
 }

@@ -1,0 +1,277 @@
+# Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
+function __fish_relaybus_global_optspecs
+    string join \n database-url= schema= prefix= json no-prepared-statements lock-timeout= h/help V/version
+end
+
+function __fish_relaybus_needs_command
+    # Figure out if the current invocation already has a command.
+    set -l cmd (commandline -opc)
+    set -e cmd[1]
+    argparse -s (__fish_relaybus_global_optspecs) -- $cmd 2>/dev/null
+    or return
+    if set -q argv[1]
+        # Also print the command, so this can be used to figure out what it is.
+        echo $argv[1]
+        return 1
+    end
+    return 0
+end
+
+function __fish_relaybus_using_subcommand
+    set -l cmd (__fish_relaybus_needs_command)
+    test -z "$cmd"
+    and return 1
+    contains -- $cmd[1] $argv
+end
+
+complete -c relaybus -n "__fish_relaybus_needs_command" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_needs_command" -l schema -d 'Database schema that holds the relaybus tables' -r
+complete -c relaybus -n "__fish_relaybus_needs_command" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_needs_command" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_needs_command" -l json -d 'Print results as JSON for scripts (stable field names)'
+complete -c relaybus -n "__fish_relaybus_needs_command" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c relaybus -n "__fish_relaybus_needs_command" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "setup" -d 'Install the store, or bring it to the current schema in place'
+complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "schema-sql" -d 'Print the schema as SQL for your own migration tool (Flyway, Atlas, sqitch, a DBA).'
+complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "upgrade" -d 'Convert a 0.1 store to 0.2 in place'
+complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "publish" -d 'Publish events: one from flags, or many as NDJSON on standard input.'
+complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "run" -d 'Run a worker: claim deliveries and hand them to shell commands or webhooks.'
+complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "deliveries" -d 'List and inspect deliveries'
+complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "events" -d 'Inspect events'
+complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "dead" -d 'List and requeue dead deliveries (those buried after their last attempt, exit 65 or HTTP 410)'
+complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "purge" -d 'Delete what retention allows, in bounded batches.'
+complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "lanes" -d 'Show the 256 lanes: owner, epoch, lease, in flight, pending, oldest due'
+complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "stats" -d 'Per handler: due, scheduled, processing, dead, completed and the lag (age of the oldest due delivery)'
+complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "completions" -d 'Print a shell completion script.'
+complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l schema -d 'Database schema that holds the relaybus tables' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l check -d 'Only check the installed version; change nothing'
+complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l json -d 'Print results as JSON for scripts (stable field names)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l from -d 'Render the conversion from this installed version instead of a fresh install' -r -f -a "0.1\t''"
+complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l schema -d 'Database schema that holds the relaybus tables' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l json -d 'Print results as JSON for scripts (stable field names)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l schema -d 'Database schema that holds the relaybus tables' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l dry-run -d 'Print the plan and stop; write nothing'
+complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -s y -l yes -d 'Do not ask for confirmation'
+complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l force -d 'Convert even while 0.1 deliveries hold unexpired leases (their workers must be stopped)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l json -d 'Print results as JSON for scripts (stable field names)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l type -d 'Event type (publishes one event from flags)' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l key -d 'Ordering key: deliveries of one key are handled in publish order, per handler' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l id -d 'Event id (generated when absent). Publishing an existing id is idempotent' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l handler -d 'Handler that gets a delivery of the event (repeatable)' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l header -d 'Header `k=v` (repeatable)' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l data -d 'Payload as JSON, or @FILE to read it from a file' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l batch-size -d 'Events per transaction when reading stdin' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l max-payload-bytes -d 'Largest payload accepted, in bytes' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l schema -d 'Database schema that holds the relaybus tables' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l json -d 'Print results as JSON for scripts (stable field names)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l handler -d 'Handler name (with --exec or --webhook)' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l exec -d 'Shell command run with `sh -c` for each delivery' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l webhook -d 'URL that gets a POST of each delivery' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l config -d 'TOML file with one table per handler, for several handlers in one process' -r -F
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l concurrency -d 'Deliveries handled at once' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l batch-size -d 'Deliveries claimed per claim at most' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l poll-interval -d 'How often an idle worker looks for due work (wake-ups usually come sooner)' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l lease-duration -d 'How long a lane lease lasts without renewal; a crashed worker\'s work waits this long' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l pool-size -d 'Database connections' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l max-attempts -d 'Attempts before a delivery is buried' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l retry-delay -d 'Base of the exponential backoff between attempts' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l retry-max-delay -d 'Longest wait between attempts (also caps Retry-After)' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l timeout -d 'Time one attempt may take' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l webhook-secret -d 'Standard Webhooks signing secret (`whsec_...`) for webhook handlers' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l completion-window -d 'Completions finishing within this window are deleted by one statement' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l shutdown-grace -d 'How long running handlers may finish after a stop signal' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l wake-up -d 'How an idle worker learns of new work: LISTEN/NOTIFY plus polling, or polling only (for poolers that cannot LISTEN)' -r -f -a "listen\t''
+poll\t''"
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l log-format -d 'Log lines as text or JSON (a live status line replaces them on a terminal)' -r -f -a "text\t''
+json\t''"
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l schema -d 'Database schema that holds the relaybus tables' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l noop -d 'Complete each delivery without running anything (benchmarks, or discarding a handler\'s backlog on purpose)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l drain -d 'Exit 0 once no due work is left (batch jobs, tests)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l completion-history -d 'Keep an append-only history of completions (one insert per completion)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l json -d 'Print results as JSON for scripts (stable field names)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l schema -d 'Database schema that holds the relaybus tables' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l json -d 'Print results as JSON for scripts (stable field names)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -s h -l help -d 'Print help'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -f -a "list" -d 'List deliveries in creation order (completed ones newest first)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -f -a "show" -d 'Show one delivery: its state, attempts, last error, lane and lease'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l status -r -f -a "pending\t''
+processing\t''
+dead\t''
+completed\t''"
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l handler -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l key -d 'Ordering key' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l event -d 'Event id' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l type -d 'Event type' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l limit -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l schema -d 'Database schema that holds the relaybus tables' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l json -d 'Print results as JSON for scripts (stable field names)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l schema -d 'Database schema that holds the relaybus tables' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l json -d 'Print results as JSON for scripts (stable field names)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -s h -l help -d 'Print help'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from help" -f -a "list" -d 'List deliveries in creation order (completed ones newest first)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from help" -f -a "show" -d 'Show one delivery: its state, attempts, last error, lane and lease'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -l schema -d 'Database schema that holds the relaybus tables' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -l json -d 'Print results as JSON for scripts (stable field names)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -s h -l help -d 'Print help'
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -f -a "show" -d 'Show one event: its payload, every handler it ever had, and its remaining deliveries'
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -l schema -d 'Database schema that holds the relaybus tables' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -l json -d 'Print results as JSON for scripts (stable field names)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -s h -l help -d 'Print help'
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from help" -f -a "show" -d 'Show one event: its payload, every handler it ever had, and its remaining deliveries'
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -l schema -d 'Database schema that holds the relaybus tables' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -l json -d 'Print results as JSON for scripts (stable field names)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -s h -l help -d 'Print help'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -f -a "list" -d 'List dead deliveries with their last error'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -f -a "requeue" -d 'Give dead deliveries a fresh attempt budget, due now.'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l handler -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l limit -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l schema -d 'Database schema that holds the relaybus tables' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l json -d 'Print results as JSON for scripts (stable field names)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -s h -l help -d 'Print help'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l id -d 'Delivery id (repeatable)' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l handler -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l type -d 'Event type' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l error-contains -d 'Text the last error contains' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l schema -d 'Database schema that holds the relaybus tables' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l all -d 'Every dead delivery'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l dry-run -d 'Only count what would be requeued'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -s y -l yes -d 'Do not ask for confirmation'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l json -d 'Print results as JSON for scripts (stable field names)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from help" -f -a "list" -d 'List dead deliveries with their last error'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from help" -f -a "requeue" -d 'Give dead deliveries a fresh attempt budget, due now.'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l completed-older-than -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l dead-older-than -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l batch-size -d 'Rows per statement' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l schema -d 'Database schema that holds the relaybus tables' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l dry-run -d 'Only count what would be deleted'
+complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -s y -l yes -d 'Do not ask for confirmation'
+complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l json -d 'Print results as JSON for scripts (stable field names)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l schema -d 'Database schema that holds the relaybus tables' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l all -d 'Show every lane'
+complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l json -d 'Print results as JSON for scripts (stable field names)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l schema -d 'Database schema that holds the relaybus tables' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l json -d 'Print results as JSON for scripts (stable field names)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -s h -l help -d 'Print help'
+complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l schema -d 'Database schema that holds the relaybus tables' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l json -d 'Print results as JSON for scripts (stable field names)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "setup" -d 'Install the store, or bring it to the current schema in place'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "schema-sql" -d 'Print the schema as SQL for your own migration tool (Flyway, Atlas, sqitch, a DBA).'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "upgrade" -d 'Convert a 0.1 store to 0.2 in place'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "publish" -d 'Publish events: one from flags, or many as NDJSON on standard input.'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "run" -d 'Run a worker: claim deliveries and hand them to shell commands or webhooks.'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "deliveries" -d 'List and inspect deliveries'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "events" -d 'Inspect events'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "dead" -d 'List and requeue dead deliveries (those buried after their last attempt, exit 65 or HTTP 410)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "purge" -d 'Delete what retention allows, in bounded batches.'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "lanes" -d 'Show the 256 lanes: owner, epoch, lease, in flight, pending, oldest due'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "stats" -d 'Per handler: due, scheduled, processing, dead, completed and the lag (age of the oldest due delivery)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "completions" -d 'Print a shell completion script.'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and __fish_seen_subcommand_from deliveries" -f -a "list" -d 'List deliveries in creation order (completed ones newest first)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and __fish_seen_subcommand_from deliveries" -f -a "show" -d 'Show one delivery: its state, attempts, last error, lane and lease'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and __fish_seen_subcommand_from events" -f -a "show" -d 'Show one event: its payload, every handler it ever had, and its remaining deliveries'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and __fish_seen_subcommand_from dead" -f -a "list" -d 'List dead deliveries with their last error'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and __fish_seen_subcommand_from dead" -f -a "requeue" -d 'Give dead deliveries a fresh attempt budget, due now.'

@@ -1,0 +1,132 @@
+//! `relaybus dead`: the dead letters, and putting them back to work.
+
+use std::process::ExitCode;
+
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+use super::deliveries::print_deliveries;
+use super::output::confirm;
+use super::{GlobalArgs, Output};
+use crate::store::postgres::StoreOptions;
+use crate::store::{DeliveryFilter, DeliveryStatus, RequeueSelector, Store};
+
+/// List and requeue dead deliveries (those buried after their last attempt, exit 65 or HTTP 410).
+#[derive(Debug, Args)]
+pub struct DeadArgs {
+    #[command(subcommand)]
+    pub command: DeadCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeadCommand {
+    /// List dead deliveries with their last error.
+    List {
+        #[arg(long, value_name = "NAME")]
+        handler: Option<String>,
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=100_000))]
+        limit: i64,
+    },
+    /// Give dead deliveries a fresh attempt budget, due now.
+    ///
+    ///   relaybus dead requeue --handler billing --error-contains 'HTTP 503' --dry-run
+    ///   relaybus dead requeue --id 0190... --id 0191...
+    ///   relaybus dead requeue --all --yes
+    ///
+    /// The criteria combine; --all selects every dead delivery. It reports how many match, asks
+    /// on a terminal (--yes in scripts), then requeues them in one transaction. Only dead
+    /// deliveries are ever touched.
+    #[command(verbatim_doc_comment)]
+    Requeue(RequeueArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RequeueArgs {
+    /// Delivery id (repeatable).
+    #[arg(long = "id", value_name = "ID")]
+    pub ids: Vec<String>,
+    #[arg(long, value_name = "NAME")]
+    pub handler: Option<String>,
+    /// Event type.
+    #[arg(long = "type", value_name = "TYPE")]
+    pub event_type: Option<String>,
+    /// Text the last error contains.
+    #[arg(long, value_name = "TEXT")]
+    pub error_contains: Option<String>,
+    /// Every dead delivery.
+    #[arg(long, conflicts_with_all = ["ids", "handler", "event_type", "error_contains"])]
+    pub all: bool,
+    /// Only count what would be requeued.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Do not ask for confirmation.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+}
+
+pub async fn run(g: &GlobalArgs, out: &Output, args: DeadArgs) -> Result<ExitCode> {
+    let store = g.store(StoreOptions::admin())?;
+    store.require_current().await?;
+    match args.command {
+        DeadCommand::List { handler, limit } => {
+            let rows = store
+                .list_deliveries(&DeliveryFilter {
+                    status: Some(DeliveryStatus::Dead),
+                    handler,
+                    limit,
+                    ..Default::default()
+                })
+                .await?;
+            print_deliveries(out, &rows, "no dead deliveries")?;
+        }
+        DeadCommand::Requeue(a) => {
+            let selector = RequeueSelector {
+                ids: a.ids,
+                handler: a.handler,
+                event_type: a.event_type,
+                error_contains: a.error_contains,
+                all: a.all,
+            };
+            if !selector.all
+                && selector.ids.is_empty()
+                && selector.handler.is_none()
+                && selector.event_type.is_none()
+                && selector.error_contains.is_none()
+            {
+                bail!("say which dead deliveries to requeue: --id, --handler, --type, --error-contains, or --all");
+            }
+            let matched = store.count_dead(&selector).await?;
+            if a.dry_run || matched == 0 {
+                if out.json {
+                    out.print_json(
+                        &json!({"matched": matched, "requeued": 0, "dry_run": a.dry_run}),
+                    )?;
+                } else if matched == 0 {
+                    out.line("no dead deliveries match; nothing requeued")?;
+                } else {
+                    out.line(format!(
+                        "{matched} dead deliveries match; dry run, nothing requeued"
+                    ))?;
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            if !out.json {
+                out.progress(format!("{matched} dead deliveries match"));
+            }
+            if !confirm(&format!("Requeue {matched} dead deliveries?"), a.yes)? {
+                bail!("requeue cancelled; nothing was changed");
+            }
+            let requeued = store.requeue(&selector).await?;
+            if out.json {
+                out.print_json(&json!({"matched": matched, "requeued": requeued.len(), "ids": requeued, "dry_run": false}))?;
+            } else {
+                out.line(format!(
+                    "requeued {} of {matched} matching dead deliveries",
+                    requeued.len()
+                ))?;
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,204 @@
+//! `relaybus deliveries` and `relaybus events`: find what is pending, running, dead or done.
+
+use std::process::ExitCode;
+
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+
+use super::output::{cell, time};
+use super::{GlobalArgs, Output};
+use crate::store::postgres::StoreOptions;
+use crate::store::{DeliveryFilter, DeliveryRow, DeliveryStatus, Store};
+
+/// List and inspect deliveries.
+#[derive(Debug, Args)]
+pub struct DeliveriesArgs {
+    #[command(subcommand)]
+    pub command: DeliveriesCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DeliveriesCommand {
+    /// List deliveries in creation order (completed ones newest first).
+    ///
+    ///   relaybus deliveries list --status processing
+    ///   relaybus deliveries list --handler billing --key order-7
+    ///
+    /// `processing` is derived: a pending delivery that its lane lists in flight under a live
+    /// lease. `completed` lists completed rows kept from 0.1 and the completion history (run
+    /// workers with --completion-history to keep one).
+    List(ListArgs),
+    /// Show one delivery: its state, attempts, last error, lane and lease.
+    Show {
+        /// Delivery id.
+        id: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    #[arg(long, value_enum)]
+    pub status: Option<DeliveryStatus>,
+    #[arg(long, value_name = "NAME")]
+    pub handler: Option<String>,
+    /// Ordering key.
+    #[arg(long)]
+    pub key: Option<String>,
+    /// Event id.
+    #[arg(long, value_name = "ID")]
+    pub event: Option<String>,
+    /// Event type.
+    #[arg(long = "type", value_name = "TYPE")]
+    pub event_type: Option<String>,
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=100_000))]
+    pub limit: i64,
+}
+
+/// Inspect events.
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    #[command(subcommand)]
+    pub command: EventsCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EventsCommand {
+    /// Show one event: its payload, every handler it ever had, and its remaining deliveries.
+    Show {
+        /// Event id.
+        id: String,
+    },
+}
+
+pub(crate) fn print_deliveries(out: &Output, rows: &[DeliveryRow], empty: &str) -> Result<()> {
+    if out.json {
+        return out.print_json(&rows);
+    }
+    if rows.is_empty() {
+        return out.line(empty);
+    }
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|d| {
+            vec![
+                d.id.clone().unwrap_or_else(|| "-".into()),
+                d.event_id.clone(),
+                d.handler.clone(),
+                d.status.clone(),
+                d.attempts.to_string(),
+                cell(d.key.as_deref(), 24),
+                time(d.available_at),
+                time(d.created_at),
+                cell(d.last_error.as_deref(), 60),
+            ]
+        })
+        .collect();
+    out.table(
+        &[
+            "ID",
+            "EVENT",
+            "HANDLER",
+            "STATUS",
+            "ATTEMPTS",
+            "KEY",
+            "DUE",
+            "CREATED",
+            "LAST ERROR",
+        ],
+        &table,
+    )
+}
+
+pub async fn run(g: &GlobalArgs, out: &Output, args: DeliveriesArgs) -> Result<ExitCode> {
+    let store = g.store(StoreOptions::admin())?;
+    store.require_current().await?;
+    match args.command {
+        DeliveriesCommand::List(a) => {
+            let filter = DeliveryFilter {
+                status: a.status,
+                handler: a.handler,
+                key: a.key,
+                event_id: a.event,
+                event_type: a.event_type,
+                limit: a.limit,
+            };
+            let rows = store.list_deliveries(&filter).await?;
+            print_deliveries(out, &rows, "no deliveries match")?;
+        }
+        DeliveriesCommand::Show { id } => {
+            let Some(d) = store.show_delivery(&id).await? else {
+                bail!("no delivery `{id}` (completed deliveries are deleted; see `relaybus deliveries list --status completed`)");
+            };
+            if out.json {
+                out.print_json(&d)?;
+            } else {
+                let r = &d.delivery;
+                let lines = [
+                    ("id", r.id.clone().unwrap_or_default()),
+                    ("event", format!("{} ({})", r.event_id, r.event_type)),
+                    ("handler", r.handler.clone()),
+                    ("status", r.status.clone()),
+                    ("attempts", r.attempts.to_string()),
+                    (
+                        "key",
+                        r.key
+                            .clone()
+                            .map(|k| format!("{k} (sequence {})", r.sequence.unwrap_or(0)))
+                            .unwrap_or_else(|| "-".into()),
+                    ),
+                    ("due", time(r.available_at)),
+                    ("created", time(r.created_at)),
+                    ("updated", time(r.updated_at)),
+                    (
+                        "last error",
+                        r.last_error.clone().unwrap_or_else(|| "-".into()),
+                    ),
+                    (
+                        "lane",
+                        format!(
+                            "{} (epoch {}, owner {}, lease until {})",
+                            r.lane.unwrap_or(0),
+                            d.lane_epoch,
+                            d.lane_owner.as_deref().unwrap_or("-"),
+                            time(d.lease_expires_at)
+                        ),
+                    ),
+                    (
+                        "lease token",
+                        d.lease_token.clone().unwrap_or_else(|| "-".into()),
+                    ),
+                ];
+                for (k, v) in lines {
+                    out.line(format!("{k:<12} {v}"))?;
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn run_events(g: &GlobalArgs, out: &Output, args: EventsArgs) -> Result<ExitCode> {
+    let store = g.store(StoreOptions::admin())?;
+    store.require_current().await?;
+    let EventsCommand::Show { id } = args.command;
+    let Some(e) = store.show_event(&id).await? else {
+        bail!("no event `{id}` (purged, or never published)");
+    };
+    if out.json {
+        return out.print_json(&e).map(|_| ExitCode::SUCCESS);
+    }
+    out.line(format!("id          {}", e.id))?;
+    out.line(format!("type        {}", e.event_type))?;
+    out.line(format!("key         {}", e.key.as_deref().unwrap_or("-")))?;
+    out.line(format!("created     {}", time(Some(e.created_at))))?;
+    out.line(format!("handlers    {}", e.handlers.join(", ")))?;
+    out.line(format!("headers     {}", e.headers))?;
+    out.line(format!("payload     {}", e.payload))?;
+    out.line("")?;
+    print_deliveries(
+        out,
+        &e.deliveries,
+        "no deliveries left: every handler completed",
+    )?;
+    Ok(ExitCode::SUCCESS)
+}

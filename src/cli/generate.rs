@@ -1,0 +1,56 @@
+//! Shell completions and man pages, generated from the command definition. The checked-in copies
+//! in `completions/` and `man/` are held to these by a test.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Args, CommandFactory};
+use clap_complete::Shell;
+
+use super::{Cli, GlobalArgs, Output};
+
+/// Print a shell completion script.
+///
+///   relaybus completions bash > /etc/bash_completion.d/relaybus
+///   relaybus completions zsh > "${fpath[1]}/_relaybus"
+///   relaybus completions fish > ~/.config/fish/completions/relaybus.fish
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct CompletionsArgs {
+    #[arg(value_enum)]
+    pub shell: Shell,
+}
+
+/// The completion script for a shell.
+pub fn completions(shell: Shell) -> Vec<u8> {
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "relaybus", &mut out);
+    out
+}
+
+/// Every man page: `relaybus.1`, and one per command (`relaybus-dead-requeue.1`, ...).
+pub fn man_pages() -> Result<Vec<(String, Vec<u8>)>> {
+    fn walk(cmd: &clap::Command, name: String, pages: &mut Vec<(String, Vec<u8>)>) -> Result<()> {
+        let cmd = cmd
+            .clone()
+            .name(name.clone())
+            .bin_name(name.replace('-', " "));
+        let mut page = Vec::new();
+        clap_mangen::Man::new(cmd.clone()).render(&mut page)?;
+        pages.push((format!("{name}.1"), page));
+        for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+            walk(sub, format!("{name}-{}", sub.get_name()), pages)?;
+        }
+        Ok(())
+    }
+    let mut cmd = Cli::command();
+    cmd.build();
+    let mut pages = Vec::new();
+    walk(&cmd, "relaybus".into(), &mut pages)?;
+    Ok(pages)
+}
+
+pub fn run(_: &GlobalArgs, out: &Output, args: CompletionsArgs) -> Result<ExitCode> {
+    out.line(String::from_utf8_lossy(&completions(args.shell)).trim_end())?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,143 @@
+//! `relaybus lanes` and `relaybus stats`: who holds what, and how far behind each handler is.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Args;
+use serde_json::json;
+
+use super::output::time;
+use super::{GlobalArgs, Output};
+use crate::store::postgres::StoreOptions;
+use crate::store::Store;
+
+/// Show the 256 lanes: owner, epoch, lease, in flight, pending, oldest due.
+///
+/// By default only lanes with an owner or pending work, and a summary line.
+#[derive(Debug, Args)]
+pub struct LanesArgs {
+    /// Show every lane.
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// Per handler: due, scheduled, processing, dead, completed and the lag (age of the oldest due
+/// delivery).
+#[derive(Debug, Args)]
+pub struct StatsArgs {}
+
+pub async fn run(g: &GlobalArgs, out: &Output, args: LanesArgs) -> Result<ExitCode> {
+    let store = g.store(StoreOptions::admin())?;
+    store.require_current().await?;
+    let lanes = store.lanes().await?;
+    let held: Vec<_> = lanes.iter().filter(|l| l.owner.is_some()).collect();
+    let mut owners: Vec<&str> = held.iter().filter_map(|l| l.owner.as_deref()).collect();
+    owners.sort_unstable();
+    owners.dedup();
+    let expired = held.iter().filter(|l| l.expired).count();
+    let shown: Vec<_> = lanes
+        .iter()
+        .filter(|l| args.all || l.owner.is_some() || l.pending > 0)
+        .collect();
+    if out.json {
+        out.print_json(&json!({
+            "lanes": shown,
+            "summary": {"held": held.len(), "owners": owners.len(), "expired": expired},
+        }))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if shown.is_empty() {
+        out.line("no lane is held or has pending work")?;
+    } else {
+        let rows: Vec<Vec<String>> = shown
+            .iter()
+            .map(|l| {
+                vec![
+                    l.lane.to_string(),
+                    l.owner.clone().unwrap_or_else(|| "-".into()),
+                    l.epoch.to_string(),
+                    match (l.lease_expires_at, l.expired) {
+                        (None, _) => "-".into(),
+                        (Some(t), true) => format!("{} (expired)", time(Some(t))),
+                        (Some(t), false) => time(Some(t)),
+                    },
+                    l.in_flight.to_string(),
+                    l.pending.to_string(),
+                    time(l.oldest_due),
+                ]
+            })
+            .collect();
+        out.table(
+            &[
+                "LANE",
+                "OWNER",
+                "EPOCH",
+                "LEASE UNTIL",
+                "IN FLIGHT",
+                "PENDING",
+                "OLDEST DUE",
+            ],
+            &rows,
+        )?;
+    }
+    out.line(format!(
+        "{} lanes held by {} owners, {} expired leases",
+        held.len(),
+        owners.len(),
+        expired
+    ))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn run_stats(g: &GlobalArgs, out: &Output, _: StatsArgs) -> Result<ExitCode> {
+    let store = g.store(StoreOptions::admin())?;
+    store.require_current().await?;
+    let stats = store.stats().await?;
+    if out.json {
+        out.print_json(&stats)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if stats.is_empty() {
+        out.line("no deliveries: nothing pending, dead or completed")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let lag = |s: Option<f64>| s.map(|s| format!("{s:.1}s")).unwrap_or_else(|| "-".into());
+    let mut rows: Vec<Vec<String>> = stats
+        .iter()
+        .map(|s| {
+            vec![
+                s.handler.clone(),
+                s.due.to_string(),
+                s.scheduled.to_string(),
+                s.processing.to_string(),
+                s.dead.to_string(),
+                s.completed.to_string(),
+                lag(s.lag_seconds),
+            ]
+        })
+        .collect();
+    let sum =
+        |f: fn(&crate::store::HandlerStats) -> i64| stats.iter().map(f).sum::<i64>().to_string();
+    rows.push(vec![
+        "TOTAL".into(),
+        sum(|s| s.due),
+        sum(|s| s.scheduled),
+        sum(|s| s.processing),
+        sum(|s| s.dead),
+        sum(|s| s.completed),
+        lag(stats.iter().filter_map(|s| s.lag_seconds).reduce(f64::max)),
+    ]);
+    out.table(
+        &[
+            "HANDLER",
+            "DUE",
+            "SCHEDULED",
+            "PROCESSING",
+            "DEAD",
+            "COMPLETED",
+            "LAG",
+        ],
+        &rows,
+    )?;
+    Ok(ExitCode::SUCCESS)
+}

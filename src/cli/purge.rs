@@ -1,0 +1,94 @@
+//! `relaybus purge`: retention for dead letters, completed rows and orphan events.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use serde_json::json;
+
+use super::output::confirm;
+use super::{parse_duration, GlobalArgs, Output};
+use crate::store::postgres::StoreOptions;
+use crate::store::{purge, PurgeCounts, PurgeOptions, Store};
+
+/// Delete what retention allows, in bounded batches.
+///
+///   relaybus purge --dead-older-than 30d --completed-older-than 7d --dry-run
+///   relaybus purge --completed-older-than 7d --yes
+///
+/// --dead-older-than deletes dead deliveries last updated longer ago. --completed-older-than
+/// deletes completed rows kept from 0.1, completion history, and events older than that with no
+/// delivery left (keep it longer than your longest redelivery window: a republish after the
+/// purge is a new event). Pending deliveries and their events are never touched. Each batch is
+/// its own short statement; progress goes to stderr on a terminal.
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct PurgeArgs {
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub completed_older_than: Option<Duration>,
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub dead_older_than: Option<Duration>,
+    /// Rows per statement.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=100_000))]
+    pub batch_size: i64,
+    /// Only count what would be deleted.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Do not ask for confirmation.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+}
+
+fn describe(c: &PurgeCounts) -> String {
+    format!(
+        "{} dead deliveries, {} completed deliveries, {} completion history entries, {} events",
+        c.dead, c.completed, c.history, c.events
+    )
+}
+
+pub async fn run(g: &GlobalArgs, out: &Output, args: PurgeArgs) -> Result<ExitCode> {
+    if args.completed_older_than.is_none() && args.dead_older_than.is_none() {
+        bail!("nothing to purge: give --completed-older-than and/or --dead-older-than");
+    }
+    let store = g.store(StoreOptions::admin())?;
+    store.require_current().await?;
+    let options = PurgeOptions {
+        completed_older_than: args.completed_older_than,
+        dead_older_than: args.dead_older_than,
+        batch: args.batch_size,
+    };
+    let planned = store.purge_count(&options).await?;
+    if args.dry_run {
+        if out.json {
+            out.print_json(&json!({"dry_run": true, "would_delete": planned}))?;
+        } else {
+            out.line(format!(
+                "would delete {}; dry run, nothing deleted",
+                describe(&planned)
+            ))?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if planned == PurgeCounts::default() {
+        if out.json {
+            out.print_json(&json!({"dry_run": false, "deleted": planned}))?;
+        } else {
+            out.line("nothing to purge")?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !confirm(&format!("Delete {}?", describe(&planned)), args.yes)? {
+        bail!("purge cancelled; nothing was deleted");
+    }
+    let deleted = purge(&store, &options, |so_far| {
+        out.progress(format!("purged so far: {}", describe(so_far)));
+    })
+    .await?;
+    if out.json {
+        out.print_json(&json!({"dry_run": false, "deleted": deleted}))?;
+    } else {
+        out.line(format!("deleted {}", describe(&deleted)))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}

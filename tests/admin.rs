@@ -1,0 +1,563 @@
+//! The operator's commands against a real store populated by `publish` and `run`.
+
+use std::process::{Command as StdCommand, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::common::{database_url, stderr, stdout, TestSchema};
+
+fn publish(s: &TestSchema, events: &[Value]) {
+    let lines: Vec<String> = events.iter().map(|e| e.to_string()).collect();
+    let out = s
+        .cmd()
+        .arg("publish")
+        .write_stdin(lines.join("\n"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+fn json_out(s: &TestSchema, args: &[&str]) -> Value {
+    let out = s.cmd().arg("--json").args(args).output().unwrap();
+    assert!(out.status.success(), "{:?}: {}", args, stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Buries every delivery of `handler` through a worker whose command exits 65.
+fn bury(s: &TestSchema, handler: &str, error: &str) {
+    s.cmd()
+        .args([
+            "run",
+            "--handler",
+            handler,
+            "--exec",
+            &format!("cat >/dev/null; echo '{error}' >&2; exit 65"),
+            "--drain",
+        ])
+        .timeout(Duration::from_secs(30))
+        .assert()
+        .success();
+}
+
+fn field<'a>(rows: &'a Value, name: &str) -> Vec<&'a str> {
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r[name].as_str().unwrap_or("-"))
+        .collect()
+}
+
+#[test]
+fn listings_filter_by_status_handler_key_event_and_type() {
+    let s = TestSchema::installed("admin_list");
+    publish(
+        &s,
+        &[
+            json!({"id": "e1", "type": "order.paid", "key": "k1", "handlers": ["billing", "email"]}),
+            json!({"id": "e2", "type": "order.paid", "key": "k2", "handlers": ["billing"]}),
+            json!({"id": "e3", "type": "user.new", "handlers": ["email"]}),
+        ],
+    );
+    bury(&s, "email", "smtp down");
+    let all = json_out(&s, &["deliveries", "list"]);
+    assert_eq!(
+        all.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| format!(
+                "{} {} {}",
+                r["event_id"].as_str().unwrap(),
+                r["handler"].as_str().unwrap(),
+                r["status"].as_str().unwrap()
+            ))
+            .collect::<Vec<_>>(),
+        [
+            "e1 billing pending",
+            "e1 email dead",
+            "e2 billing pending",
+            "e3 email dead"
+        ]
+    );
+    assert_eq!(
+        field(
+            &json_out(&s, &["deliveries", "list", "--status", "dead"]),
+            "event_id"
+        ),
+        ["e1", "e3"]
+    );
+    assert_eq!(
+        field(
+            &json_out(
+                &s,
+                &["deliveries", "list", "--status", "pending", "--key", "k2"]
+            ),
+            "event_id"
+        ),
+        ["e2"]
+    );
+    assert_eq!(
+        field(
+            &json_out(
+                &s,
+                &[
+                    "deliveries",
+                    "list",
+                    "--handler",
+                    "email",
+                    "--type",
+                    "user.new"
+                ]
+            ),
+            "event_id"
+        ),
+        ["e3"]
+    );
+    assert_eq!(
+        field(
+            &json_out(
+                &s,
+                &["deliveries", "list", "--event", "e1", "--status", "pending"]
+            ),
+            "handler"
+        ),
+        ["billing"]
+    );
+    assert_eq!(
+        field(
+            &json_out(&s, &["deliveries", "list", "--limit", "1"]),
+            "event_id"
+        ),
+        ["e1"]
+    );
+    assert_eq!(
+        json_out(&s, &["deliveries", "list", "--status", "processing"]),
+        json!([])
+    );
+    s.cmd()
+        .args(["deliveries", "list", "--status", "completed"])
+        .assert()
+        .success()
+        .stdout("no deliveries match\n");
+    s.cmd()
+        .args(["dead", "list", "--handler", "billing"])
+        .assert()
+        .success()
+        .stdout("no dead deliveries\n");
+    let dead = s.cmd().args(["dead", "list"]).output().unwrap();
+    let text = stdout(&dead);
+    assert!(text.starts_with("ID "), "{text}");
+    assert_eq!(text.lines().count(), 3);
+    assert!(
+        text.lines()
+            .skip(1)
+            .all(|l| l.ends_with("exit 65: smtp down")),
+        "{text}"
+    );
+
+    let event = json_out(&s, &["events", "show", "e1"]);
+    assert_eq!(event["handlers"], json!(["billing", "email"]));
+    assert_eq!(field(&event["deliveries"], "status"), ["pending", "dead"]);
+    let id = all[0]["id"].as_str().unwrap();
+    let shown = json_out(&s, &["deliveries", "show", id]);
+    assert_eq!(
+        (
+            shown["status"].as_str(),
+            shown["attempts"].as_i64(),
+            shown["lease_token"].is_null()
+        ),
+        (Some("pending"), Some(0), true)
+    );
+    let out = s
+        .cmd()
+        .args(["deliveries", "show", "nope"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(stderr(&out), "error: no delivery `nope` (completed deliveries are deleted; see `relaybus deliveries list --status completed`)\n");
+}
+
+#[test]
+fn processing_lanes_and_stats_are_derived_from_live_leases() {
+    let s = TestSchema::installed("admin_lanes");
+    publish(
+        &s,
+        &[
+            json!({"id": "a1", "type": "t", "key": "k", "handlers": ["slow"]}),
+            json!({"id": "a2", "type": "t", "key": "k", "handlers": ["slow"]}),
+            json!({"id": "b1", "type": "t", "handlers": ["other"]}),
+        ],
+    );
+    bury(&s, "other", "nope");
+    let marker = format!("{}.{}", 400 + std::process::id() % 100, std::process::id());
+    let mut worker = StdCommand::new(assert_cmd::cargo::cargo_bin("relaybus"))
+        .env("RELAYBUS_DATABASE_URL", database_url())
+        .args([
+            "--schema",
+            &s.name,
+            "run",
+            "--handler",
+            "slow",
+            "--exec",
+            &format!("cat >/dev/null; exec sleep {marker}"),
+            "--shutdown-grace",
+            "100ms",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while s.count(&format!(
+        "SELECT coalesce(sum(cardinality(in_flight)), 0) FROM {}",
+        s.table("lanes")
+    )) < 1
+    {
+        assert!(start.elapsed() < Duration::from_secs(20));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // a1 runs; a2 waits behind it (same key): pending, not processing.
+    assert_eq!(
+        field(
+            &json_out(&s, &["deliveries", "list", "--status", "processing"]),
+            "event_id"
+        ),
+        ["a1"]
+    );
+    assert_eq!(
+        field(
+            &json_out(&s, &["deliveries", "list", "--status", "pending"]),
+            "event_id"
+        ),
+        ["a2"]
+    );
+    let lanes = json_out(&s, &["lanes"]);
+    assert_eq!(
+        lanes["summary"],
+        json!({"held": 1, "owners": 1, "expired": 0})
+    );
+    let lane = &lanes["lanes"].as_array().unwrap()[0];
+    assert_eq!(
+        (
+            lane["in_flight"].as_i64(),
+            lane["pending"].as_i64(),
+            lane["expired"].as_bool()
+        ),
+        (Some(1), Some(2), Some(false))
+    );
+    assert_eq!(
+        json_out(&s, &["lanes", "--all"])["lanes"]
+            .as_array()
+            .unwrap()
+            .len(),
+        256
+    );
+    let stats = json_out(&s, &["stats"]);
+    let rows: Vec<String> = stats
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            format!(
+                "{} due={} scheduled={} processing={} dead={} completed={}",
+                r["handler"].as_str().unwrap(),
+                r["due"],
+                r["scheduled"],
+                r["processing"],
+                r["dead"],
+                r["completed"]
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            "other due=0 scheduled=0 processing=0 dead=1 completed=0",
+            "slow due=1 scheduled=0 processing=1 dead=0 completed=0"
+        ]
+    );
+    let table = stdout(&s.cmd().arg("stats").output().unwrap());
+    assert_eq!(
+        table.lines().next().unwrap(),
+        "HANDLER  DUE  SCHEDULED  PROCESSING  DEAD  COMPLETED  LAG"
+    );
+    assert!(
+        table
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with("TOTAL    1    0          1           1     0          "),
+        "{table}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(worker.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    worker.wait().unwrap();
+    let lanes = stdout(&s.cmd().arg("lanes").output().unwrap());
+    assert!(
+        lanes.ends_with("0 lanes held by 0 owners, 0 expired leases\n"),
+        "{lanes}"
+    );
+}
+
+#[test]
+fn requeue_selects_only_dead_deliveries_and_asks_first() {
+    let s = TestSchema::installed("admin_requeue");
+    publish(
+        &s,
+        &[
+            json!({"id": "e1", "type": "order.paid", "handlers": ["billing", "crm"]}),
+            json!({"id": "e2", "type": "user.new", "handlers": ["billing", "crm"]}),
+            json!({"id": "e3", "type": "user.new", "handlers": ["crm", "other"]}),
+        ],
+    );
+    bury(&s, "billing", "HTTP 503 from billing");
+    bury(&s, "crm", "crm rejected");
+    let out = s.cmd().args(["dead", "requeue"]).output().unwrap();
+    assert_eq!(stderr(&out), "error: say which dead deliveries to requeue: --id, --handler, --type, --error-contains, or --all\n");
+    s.cmd()
+        .args(["dead", "requeue", "--error-contains", "503", "--dry-run"])
+        .assert()
+        .success()
+        .stdout("2 dead deliveries match; dry run, nothing requeued\n");
+    let out = s
+        .cmd()
+        .args(["dead", "requeue", "--handler", "crm", "--type", "user.new"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(stderr(&out), "error: Requeue 2 dead deliveries? Not confirmed: standard input is not a terminal; rerun with --yes to proceed\n");
+    assert_eq!(
+        s.count(&format!(
+            "SELECT count(*) FROM {} WHERE status = 'dead'",
+            s.table("deliveries")
+        )),
+        5
+    );
+    s.cmd()
+        .args([
+            "dead",
+            "requeue",
+            "--handler",
+            "crm",
+            "--type",
+            "user.new",
+            "--yes",
+        ])
+        .assert()
+        .success()
+        .stdout("requeued 2 of 2 matching dead deliveries\n");
+    // `other` is pending: no selector ever touches it.
+    let r = json_out(&s, &["dead", "requeue", "--all", "--yes"]);
+    assert_eq!(
+        (r["matched"].as_i64(), r["requeued"].as_i64()),
+        (Some(3), Some(3))
+    );
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT event_id, handler, status, attempts, claims, last_error FROM {} ORDER BY 1, 2",
+            s.table("deliveries")
+        )),
+        [
+            "e1|billing|pending|0|2|exit 65: HTTP 503 from billing",
+            "e1|crm|pending|0|2|exit 65: crm rejected",
+            "e2|billing|pending|0|2|exit 65: HTTP 503 from billing",
+            "e2|crm|pending|0|2|exit 65: crm rejected",
+            "e3|crm|pending|0|2|exit 65: crm rejected",
+            "e3|other|pending|0|0|NULL",
+        ]
+    );
+    s.cmd()
+        .args(["dead", "requeue", "--all", "--yes"])
+        .assert()
+        .success()
+        .stdout("no dead deliveries match; nothing requeued\n");
+}
+
+#[test]
+fn a_requeue_racing_a_running_worker_loses_nothing_and_runs_nothing_twice() {
+    let s = TestSchema::installed("admin_requeue_race");
+    let dead: Vec<Value> = (0..40).map(|i| json!({"id": format!("d{i:02}"), "type": "t", "key": format!("k{}", i % 4), "handlers": ["h"]})).collect();
+    publish(&s, &dead);
+    bury(&s, "h", "first try fails");
+    let live: Vec<Value> = (0..40)
+        .map(|i| json!({"id": format!("l{i:02}"), "type": "t", "handlers": ["h"]}))
+        .collect();
+    publish(&s, &live);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("handled");
+    let worker = StdCommand::new(assert_cmd::cargo::cargo_bin("relaybus"))
+        .env("RELAYBUS_DATABASE_URL", database_url())
+        .args([
+            "--schema",
+            &s.name,
+            "run",
+            "--handler",
+            "h",
+            "--exec",
+            &format!(
+                "cat >/dev/null; sleep 0.05; echo $RELAYBUS_EVENT_ID >> {}",
+                log.display()
+            ),
+            "--poll-interval",
+            "20ms",
+            "--concurrency",
+            "8",
+            "--drain",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Requeue while the worker is busy with the live deliveries.
+    while !log.exists() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    s.cmd()
+        .args(["dead", "requeue", "--all", "--yes"])
+        .assert()
+        .success()
+        .stdout("requeued 40 of 40 matching dead deliveries\n");
+    let out = worker.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "handled 80, failed attempts 0, dead 0, lease lost 0, released 0\n"
+    );
+    let mut handled: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    handled.sort();
+    let mut expected: Vec<String> = (0..40)
+        .flat_map(|i| [format!("d{i:02}"), format!("l{i:02}")])
+        .collect();
+    expected.sort();
+    assert_eq!(handled, expected);
+    assert_eq!(
+        s.count(&format!("SELECT count(*) FROM {}", s.table("deliveries"))),
+        0
+    );
+}
+
+#[test]
+fn purge_keeps_every_pending_delivery_and_its_event() {
+    let s = TestSchema::installed("admin_purge");
+    publish(
+        &s,
+        &[
+            json!({"id": "pending-old", "type": "t", "handlers": ["h"]}),
+            json!({"id": "done-old", "type": "t", "handlers": ["done"]}),
+            json!({"id": "dead-old", "type": "t", "handlers": ["dies"]}),
+            json!({"id": "mixed-old", "type": "t", "handlers": ["dies", "h"]}),
+            json!({"id": "done-new", "type": "t", "handlers": ["done"]}),
+        ],
+    );
+    s.cmd()
+        .args([
+            "run",
+            "--handler",
+            "done",
+            "--noop",
+            "--drain",
+            "--completion-history",
+        ])
+        .assert()
+        .success();
+    bury(&s, "dies", "gone");
+    s.exec(&format!(
+        "UPDATE {} SET created_at = now() - interval '40 days' WHERE id LIKE '%-old'",
+        s.table("events")
+    ));
+    s.exec(&format!(
+        "UPDATE {} SET updated_at = now() - interval '40 days' WHERE status = 'dead'",
+        s.table("deliveries")
+    ));
+    s.exec(&format!(
+        "UPDATE {} SET completed_at = now() - interval '40 days' WHERE event_id = 'done-old'",
+        s.table("completions")
+    ));
+    let out = s.cmd().arg("purge").output().unwrap();
+    assert_eq!(
+        stderr(&out),
+        "error: nothing to purge: give --completed-older-than and/or --dead-older-than\n"
+    );
+    s.cmd().args(["purge", "--completed-older-than", "30d", "--dead-older-than", "30d", "--dry-run"]).assert().success()
+        .stdout("would delete 2 dead deliveries, 0 completed deliveries, 1 completion history entries, 2 events; dry run, nothing deleted\n");
+    let out = s
+        .cmd()
+        .args([
+            "purge",
+            "--completed-older-than",
+            "30d",
+            "--dead-older-than",
+            "30d",
+        ])
+        .output()
+        .unwrap();
+    assert!(stderr(&out).contains("Not confirmed"), "{}", stderr(&out));
+    s.cmd().args(["purge", "--completed-older-than", "30d", "--dead-older-than", "30d", "--yes", "--batch-size", "1"]).assert().success()
+        .stdout("deleted 2 dead deliveries, 0 completed deliveries, 1 completion history entries, 2 events\n");
+    assert_eq!(
+        s.rows(&format!("SELECT id FROM {} ORDER BY id", s.table("events"))),
+        ["done-new", "mixed-old", "pending-old"]
+    );
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT event_id, handler, status FROM {} ORDER BY 1",
+            s.table("deliveries")
+        )),
+        ["mixed-old|h|pending", "pending-old|h|pending"]
+    );
+    assert_eq!(
+        s.rows(&format!("SELECT event_id FROM {}", s.table("completions"))),
+        ["done-new"]
+    );
+    s.cmd()
+        .args([
+            "purge",
+            "--completed-older-than",
+            "30d",
+            "--dead-older-than",
+            "30d",
+            "--yes",
+        ])
+        .assert()
+        .success()
+        .stdout("nothing to purge\n");
+}
+
+#[test]
+fn completed_rows_kept_from_0_1_are_listed_counted_and_purged() {
+    let s = TestSchema::with_fixture_0_1("admin_v01");
+    s.cmd().args(["upgrade", "--yes"]).assert().success();
+    assert_eq!(
+        field(
+            &json_out(&s, &["deliveries", "list", "--status", "completed"]),
+            "event_id"
+        ),
+        ["ev-1", "ev-6"]
+    );
+    let stats = json_out(&s, &["stats"]);
+    assert_eq!(
+        stats
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| format!("{}:{}", r["handler"].as_str().unwrap(), r["completed"]))
+            .collect::<Vec<_>>(),
+        ["billing:1", "crm:1", "email:0"]
+    );
+    s.cmd().args(["purge", "--completed-older-than", "1d", "--yes"]).assert().success()
+        .stdout("deleted 0 dead deliveries, 2 completed deliveries, 0 completion history entries, 1 events\n");
+    assert_eq!(
+        s.count(&format!(
+            "SELECT count(*) FROM {} WHERE status = 'completed'",
+            s.table("deliveries")
+        )),
+        0
+    );
+}

@@ -1,0 +1,111 @@
+//! The command line itself: its definition, exit codes, and the generated files.
+
+use assert_cmd::Command;
+use clap::CommandFactory;
+use relaybus::cli::generate::{completions, man_pages};
+use relaybus::cli::Cli;
+
+#[test]
+fn the_command_definition_is_consistent() {
+    Cli::command().debug_assert();
+}
+
+fn relaybus() -> Command {
+    let mut cmd = Command::cargo_bin("relaybus").unwrap();
+    cmd.env_remove("RELAYBUS_DATABASE_URL");
+    cmd
+}
+
+#[test]
+fn exit_codes() {
+    // Usage errors are clap's: 2, with the usage on stderr.
+    let out = relaybus().arg("frobnicate").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = relaybus().args(["run", "--exec", "true"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--handler <NAME>"));
+    let out = relaybus()
+        .args(["run", "--concurrency", "0", "--handler", "h", "--noop"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = relaybus()
+        .args(["purge", "--dead-older-than", "soon"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    // Failures are 1, with what to do next.
+    let out = relaybus()
+        .args(["--database-url", "postgres://x@127.0.0.1:1/x", "stats"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .starts_with("error: could not connect to PostgreSQL at 127.0.0.1:1/x as x: "));
+    relaybus().arg("--help").assert().success().code(0);
+    relaybus()
+        .args(["schema-sql", "--prefix", "x_"])
+        .assert()
+        .success();
+}
+
+#[test]
+fn closing_the_output_pipe_is_not_an_error() {
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("relaybus"))
+        .arg("schema-sql")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    assert!(child.wait().unwrap().success());
+}
+
+/// `completions/` and `man/` are generated from the command definition. Refresh them with
+/// `RELAYBUS_REGENERATE=1 cargo test generated_files` and commit the result.
+#[test]
+fn generated_files_are_fresh() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut expected: Vec<(std::path::PathBuf, Vec<u8>)> = vec![];
+    for (shell, file) in [
+        (clap_complete::Shell::Bash, "relaybus.bash"),
+        (clap_complete::Shell::Zsh, "_relaybus"),
+        (clap_complete::Shell::Fish, "relaybus.fish"),
+    ] {
+        expected.push((root.join("completions").join(file), completions(shell)));
+    }
+    for (name, page) in man_pages().unwrap() {
+        expected.push((root.join("man").join(name), page));
+    }
+    if std::env::var_os("RELAYBUS_REGENERATE").is_some() {
+        for dir in ["completions", "man"] {
+            let _ = std::fs::remove_dir_all(root.join(dir));
+            std::fs::create_dir_all(root.join(dir)).unwrap();
+        }
+        for (path, content) in &expected {
+            std::fs::write(path, content).unwrap();
+        }
+        return;
+    }
+    let mut stale = vec![];
+    for (path, content) in &expected {
+        if std::fs::read(path).ok().as_deref() != Some(content.as_slice()) {
+            stale.push(path.strip_prefix(root).unwrap().display().to_string());
+        }
+    }
+    for dir in ["completions", "man"] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if !expected.iter().any(|(p, _)| *p == path) {
+                stale.push(format!(
+                    "{} (no longer generated)",
+                    path.strip_prefix(root).unwrap().display()
+                ));
+            }
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "stale generated files: {}; run `RELAYBUS_REGENERATE=1 cargo test generated_files` and commit them",
+        stale.join(", ")
+    );
+}
