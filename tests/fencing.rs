@@ -24,6 +24,7 @@ fn request(owner: &str) -> ClaimRequest {
         batch: 10,
         new_lanes: 4,
         lease: Duration::from_secs(30),
+        outstanding: vec![],
     }
 }
 

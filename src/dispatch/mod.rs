@@ -11,12 +11,12 @@ mod complete;
 pub mod listen;
 pub mod report;
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rand::Rng;
-use tokio::sync::{watch, Notify, Semaphore};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::handler::{Handler, Outcome};
@@ -100,6 +100,8 @@ struct Context<S> {
     handlers: HashMap<String, HandlerSpec>,
     completer: Completer,
     running: Arc<Running>,
+    /// Claimed deliveries whose task has not ended (its outcome may not be committed yet).
+    outstanding: Mutex<HashSet<String>>,
     reporter: Arc<Reporter>,
 }
 
@@ -127,6 +129,7 @@ pub async fn run<S: Store>(
         handlers: handlers.into_iter().map(|h| (h.name.clone(), h)).collect(),
         completer,
         running,
+        outstanding: Mutex::new(HashSet::new()),
         reporter: Arc::clone(&reporter),
     });
     let slots = Arc::new(Semaphore::new(options.concurrency));
@@ -164,18 +167,18 @@ pub async fn run<S: Store>(
         let free = slots.available_permits();
         if free == 0 {
             tokio::select! {
-                _ = tasks.join_next() => {}
+                slot = slots.acquire() => drop(slot),
                 _ = shutdown.changed() => {}
             }
             continue;
         }
-        // Deliveries that finish together free their slots together: wait a moment for them,
-        // so a claim carries a full batch instead of one claim per finished delivery.
-        if free < full_batch && !tasks.is_empty() {
+        // Handlers that finish together free their slots together: wait a moment for them, so
+        // a claim carries a full batch instead of one claim per finished handler.
+        if free < full_batch {
             let until = *linger_until.get_or_insert_with(|| tokio::time::Instant::now() + linger);
             if tokio::time::Instant::now() < until {
                 tokio::select! {
-                    _ = tasks.join_next() => {}
+                    slots = slots.acquire_many(full_batch as u32) => drop(slots),
                     _ = tokio::time::sleep_until(until) => {}
                     _ = shutdown.changed() => {}
                 }
@@ -191,6 +194,13 @@ pub async fn run<S: Store>(
             batch: want as i64,
             new_lanes,
             lease: options.lease_duration,
+            outstanding: ctx
+                .outstanding
+                .lock()
+                .expect("outstanding lock")
+                .iter()
+                .cloned()
+                .collect(),
         };
         let (claimed, stats) = match store.claim(&request).await {
             Ok(c) => {
@@ -222,6 +232,10 @@ pub async fn run<S: Store>(
             );
         }
         let got = claimed.len();
+        ctx.outstanding
+            .lock()
+            .expect("outstanding lock")
+            .extend(claimed.iter().map(|d| d.token.delivery_id.clone()));
         // The whole claim counts as running before any of it starts, so the completer does not
         // flush the first delivery to finish alone.
         let guards: Vec<RunningGuard> = claimed.iter().map(|_| ctx.running.enter()).collect();
@@ -232,8 +246,12 @@ pub async fn run<S: Store>(
             let ctx = Arc::clone(&ctx);
             let cancel = cancel_rx.clone();
             tasks.spawn(async move {
-                let aborted = run_delivery(&ctx, delivery, running, cancel).await;
-                drop(permit);
+                let id = delivery.token.delivery_id.clone();
+                let aborted = run_delivery(&ctx, delivery, running, permit, cancel).await;
+                ctx.outstanding
+                    .lock()
+                    .expect("outstanding lock")
+                    .remove(&id);
                 aborted
             });
         }
@@ -335,6 +353,7 @@ async fn run_delivery<S: Store>(
     ctx: &Context<S>,
     delivery: ClaimedDelivery,
     running: RunningGuard,
+    slot: OwnedSemaphorePermit,
     mut cancel: watch::Receiver<bool>,
 ) -> Option<LeaseToken> {
     let spec = ctx
@@ -345,6 +364,10 @@ async fn run_delivery<S: Store>(
         outcome = spec.handler.handle(&delivery) => outcome,
         _ = cancel.wait_for(|c| *c) => return Some(delivery.token),
     };
+    // Concurrency bounds running handlers. Recording the outcome overlaps the next claim: the
+    // delivery stays in its lane's in-flight list until it is deleted or rescheduled, so the
+    // claim cannot pick it again.
+    drop(slot);
     let attempt = delivery.attempts + 1;
     let counters = &ctx.reporter.counters;
     use std::sync::atomic::Ordering::Relaxed;

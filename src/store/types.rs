@@ -224,6 +224,9 @@ pub struct ClaimRequest {
     /// How many free or expired lanes to take at most in this claim.
     pub new_lanes: i64,
     pub lease: std::time::Duration,
+    /// Deliveries of earlier claims the worker still has: running, or waiting for their
+    /// completion to commit. The rest of its lanes' in-flight lists is dropped.
+    pub outstanding: Vec<String>,
 }
 
 /// How a failed attempt ends.

@@ -14,17 +14,20 @@ use crate::store::{ClaimRequest, ClaimedDelivery, Failure, LeaseToken, Result, S
 /// waits). `taken` takes up to $5 free or expired lanes that have due work for these handlers,
 /// skipping lanes another claimer has locked. Expired lanes are taken over: their epoch is
 /// bumped, and every delivery the predecessor had in flight is charged one attempt (buried at the
-/// handler's last attempt); they are picked from in the next claim. `running` is what a held lane
-/// still runs (completions delete rows without touching the lane, so the list is pruned here).
+/// handler's last attempt); they are picked from in the next claim. Completions delete rows
+/// without touching the lane, so a held lane's in-flight list is pruned here.
 /// Locking returns the newest version of a lane row while deliveries are read from the
 /// statement's snapshot, which can be older: a failure or release that committed in between has
 /// already taken its delivery off the lane, but the snapshot still shows the delivery due with
 /// its old claims counter. `seen` is the snapshot's version of each lane, and nothing listed in
-/// flight in either version is picked; the next claim, with a fresh snapshot, picks it.
+/// flight in either version (`busy`, one hashed set) is picked; the next claim, with a fresh
+/// snapshot, picks it. `running`, the list a held lane keeps, is its locked version less what
+/// the worker no longer has outstanding ($7: running, or waiting for its completion to commit);
+/// the worker knows, so the claim reads no delivery for it (looking them up cost 3.4 ms of an
+/// 11 ms claim with 400 in flight; searching the list once per row of the lane, 13 ms).
 /// Picks fill the batch from held lanes first, then lane by lane, so a batch writes as few lane
 /// rows as it can. A keyed delivery is picked only when no earlier delivery of its handler and key
-/// is pending;
-/// in-flight deliveries are pending rows, so that covers them too. Lanes that run nothing and got
+/// is pending; in-flight deliveries are pending rows, so that covers them too. Lanes that run nothing and got
 /// nothing are handed back in the same write. The result always has one row, carrying the
 /// takeover counts, with NULL delivery columns when nothing was picked.
 pub(crate) const CLAIM: &str = r#"
@@ -44,18 +47,18 @@ WITH held AS (
 ), seen AS (
   SELECT l.lane, l.in_flight FROM "{{schema}}"."{{prefix}}lanes" l
    WHERE l.lane IN (SELECT lane FROM held) OR l.lane IN (SELECT lane FROM taken)
+), busy AS MATERIALIZED (
+  SELECT unnest(in_flight) AS id FROM held
+  UNION SELECT unnest(in_flight) FROM seen
 ), running AS (
-  SELECT h.lane, coalesce(array_agg(d.id) FILTER (WHERE d.id IS NOT NULL), '{}') AS ids
-    FROM held h LEFT JOIN "{{schema}}"."{{prefix}}deliveries" d
-      ON d.id = ANY (h.in_flight) AND d.lane = h.lane AND d.status = 'pending'
-   GROUP BY h.lane
+  SELECT h.lane, ARRAY(SELECT x FROM unnest(h.in_flight) AS x
+                        WHERE x IN (SELECT unnest($7::text[]))) AS ids
+    FROM held h
 ), mine AS (
-  SELECT h.lane, h.epoch, r.ids AS running, h.in_flight || s.in_flight AS busy,
-         false AS fresh, false AS takeover
-    FROM held h JOIN running r USING (lane) JOIN seen s USING (lane)
+  SELECT h.lane, h.epoch, r.ids AS running, false AS fresh, false AS takeover
+    FROM held h JOIN running r USING (lane)
   UNION ALL
-  SELECT t.lane, t.epoch + 1, '{}'::text[], t.in_flight || s.in_flight, true, t.takeover
-    FROM taken t JOIN seen s USING (lane)
+  SELECT t.lane, t.epoch + 1, '{}'::text[], true, t.takeover FROM taken t
 ), charged AS (
   UPDATE "{{schema}}"."{{prefix}}deliveries" d
      SET attempts = d.attempts + 1, claims = d.claims + 1, updated_at = now(),
@@ -70,7 +73,7 @@ WITH held AS (
     SELECT d.id, d.lane, d.claims, d.attempts, d.handler, d.event_id, d.available_at, m.fresh
       FROM "{{schema}}"."{{prefix}}deliveries" d
      WHERE d.lane = m.lane AND d.status = 'pending' AND d.available_at <= now()
-       AND d.handler = ANY ($3) AND NOT (d.id = ANY (m.busy))
+       AND d.handler = ANY ($3) AND d.id NOT IN (SELECT id FROM busy)
        AND (d.key IS NULL OR NOT EXISTS (
              SELECT 1 FROM "{{schema}}"."{{prefix}}deliveries" e
               WHERE e.lane = d.lane AND e.handler = d.handler AND e.key = d.key
@@ -107,6 +110,7 @@ pub(crate) const CLAIM_TYPES: &[Type] = &[
     Type::INT8,
     Type::INT8,
     Type::INT4_ARRAY,
+    Type::TEXT_ARRAY,
 ];
 
 /// Completion: deletes the deliveries whose tokens are still valid, in one statement for a whole
@@ -266,6 +270,7 @@ impl PgStore {
                     &req.batch,
                     &req.new_lanes,
                     &req.max_attempts,
+                    &req.outstanding,
                 ],
             )
             .await
