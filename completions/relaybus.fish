@@ -44,6 +44,8 @@ complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "purge" -d 'Delete
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "lanes" -d 'Show the 256 lanes: owner, epoch, lease, in flight, pending, oldest due'
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "stats" -d 'Per handler: due, scheduled, processing, dead, completed and the lag (age of the oldest due delivery)'
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "completions" -d 'Print a shell completion script.'
+complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "bench" -d 'Measure publish and dispatch throughput, mixed-load latency and the database\'s counters.'
+complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "bench-worker" -d 'One process of a benchmark (started by `relaybus bench`)'
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l schema -d 'Database schema that holds the relaybus tables' -r
@@ -257,19 +259,60 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l json -
 complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -s V -l version -d 'Print version'
-complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "setup" -d 'Install the store, or bring it to the current schema in place'
-complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "schema-sql" -d 'Print the schema as SQL for your own migration tool (Flyway, Atlas, sqitch, a DBA).'
-complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "upgrade" -d 'Convert a 0.1 store to 0.2 in place'
-complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "publish" -d 'Publish events: one from flags, or many as NDJSON on standard input.'
-complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "run" -d 'Run a worker: claim deliveries and hand them to shell commands or webhooks.'
-complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "deliveries" -d 'List and inspect deliveries'
-complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "events" -d 'Inspect events'
-complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "dead" -d 'List and requeue dead deliveries (those buried after their last attempt, exit 65 or HTTP 410)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "purge" -d 'Delete what retention allows, in bounded batches.'
-complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "lanes" -d 'Show the 256 lanes: owner, epoch, lease, in flight, pending, oldest due'
-complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "stats" -d 'Per handler: due, scheduled, processing, dead, completed and the lag (age of the oldest due delivery)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "completions" -d 'Print a shell completion script.'
-complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l cell -d 'Only these cells (repeatable); see --list' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l samples -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l warmup -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l window -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l compare -d 'A second relaybus binary to compare with, interleaved sample by sample' -r -F
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l out -d 'Directory for report.md, samples.jsonl and env.json' -r -F
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l schema -d 'Database schema that holds the relaybus tables' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l list -d 'List the cells and exit'
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l no-floor -d 'Skip the raw-SQL floor runs'
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l json -d 'Print results as JSON for scripts (stable field names)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l start-at-ms -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l warmup-ms -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l window-ms -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l index -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l batch -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l handlers -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l keys -r -f -a "none\t'No ordering key'
+distinct\t'1,000 distinct keys'
+hot10\t'10 hot keys'
+hot1\t'One key for everything'"
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l config -r -f -a "defaults\t''
+mid\t''
+tuned\t''"
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l events -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l records -r -F
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l schema -d 'Database schema that holds the relaybus tables' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l json -d 'Print results as JSON for scripts (stable field names)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "setup" -d 'Install the store, or bring it to the current schema in place'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "schema-sql" -d 'Print the schema as SQL for your own migration tool (Flyway, Atlas, sqitch, a DBA).'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "upgrade" -d 'Convert a 0.1 store to 0.2 in place'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "publish" -d 'Publish events: one from flags, or many as NDJSON on standard input.'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "run" -d 'Run a worker: claim deliveries and hand them to shell commands or webhooks.'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "deliveries" -d 'List and inspect deliveries'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "events" -d 'Inspect events'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "dead" -d 'List and requeue dead deliveries (those buried after their last attempt, exit 65 or HTTP 410)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "purge" -d 'Delete what retention allows, in bounded batches.'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "lanes" -d 'Show the 256 lanes: owner, epoch, lease, in flight, pending, oldest due'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "stats" -d 'Per handler: due, scheduled, processing, dead, completed and the lag (age of the oldest due delivery)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "completions" -d 'Print a shell completion script.'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "bench" -d 'Measure publish and dispatch throughput, mixed-load latency and the database\'s counters.'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "bench-worker" -d 'One process of a benchmark (started by `relaybus bench`)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and __fish_seen_subcommand_from deliveries" -f -a "list" -d 'List deliveries in creation order (completed ones newest first)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and __fish_seen_subcommand_from deliveries" -f -a "show" -d 'Show one delivery: its state, attempts, last error, lane and lease'
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and __fish_seen_subcommand_from events" -f -a "show" -d 'Show one event: its payload, every handler it ever had, and its remaining deliveries'

@@ -1,7 +1,8 @@
 //! relaybus: the operator's tool for a relaybus event bus. The library is the store engine
-//! (`store`), the dispatcher (`dispatch`) and its handlers (`handler`); `cli` is the thin
-//! command-line layer over them.
+//! (`store`), the dispatcher (`dispatch`) and its handlers (`handler`), and the benchmark
+//! harness (`bench`); `cli` is the thin command-line layer over them.
 
+pub mod bench;
 pub mod cli;
 pub mod dispatch;
 pub mod handler;

@@ -108,3 +108,88 @@ fn a_stale_token_changes_nothing_after_a_takeover() {
         0
     );
 }
+
+/// A shutdown sender that is dropped after asking for a graceful stop must not read as a
+/// second signal: running deliveries finish and complete, none is released.
+#[test]
+fn a_dropped_shutdown_sender_is_not_a_cancel() {
+    use relaybus::dispatch::report::{LogFormat, Reporter};
+    use relaybus::dispatch::{self, Backoff, DispatchOptions, HandlerSpec, Shutdown};
+    use relaybus::handler::{Handler, HandlerFuture, Outcome};
+    use relaybus::store::ClaimedDelivery;
+    use std::sync::Arc;
+
+    struct Slow;
+    impl Handler for Slow {
+        fn handle<'a>(&'a self, _: &'a ClaimedDelivery) -> HandlerFuture<'a> {
+            Box::pin(async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Outcome::Completed
+            })
+        }
+    }
+
+    let s = TestSchema::installed("dropped_sender");
+    let store = Arc::new(store(&s));
+    let summary = runtime().block_on(async {
+        let limits = EventLimits {
+            max_payload_bytes: 1024,
+        };
+        let events: Vec<NewEvent> = (0..5)
+            .map(|i| {
+                NewEvent::new(
+                    format!("e{i}"),
+                    "t".into(),
+                    None,
+                    serde_json::json!({}),
+                    Default::default(),
+                    vec!["h".into()],
+                    &limits,
+                )
+                .unwrap()
+            })
+            .collect();
+        store.publish(&events).await.unwrap();
+        let (tx, rx) = tokio::sync::watch::channel(Shutdown::Running);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let _ = tx.send(Shutdown::Graceful);
+        });
+        let options = DispatchOptions {
+            owner: "w".into(),
+            concurrency: 10,
+            batch_size: 10,
+            poll_interval: Duration::from_millis(20),
+            lease_duration: Duration::from_secs(30),
+            completion_window: Duration::from_millis(2),
+            shutdown_grace: Duration::from_secs(10),
+            drain: false,
+            completion_history: false,
+        };
+        let handlers = vec![HandlerSpec {
+            name: "h".into(),
+            handler: Arc::new(Slow),
+            max_attempts: 3,
+            backoff: Backoff {
+                base: Duration::from_secs(1),
+                max: Duration::from_secs(1),
+            },
+        }];
+        let reporter = Arc::new(Reporter::quiet(LogFormat::Text));
+        dispatch::run(
+            store,
+            options,
+            handlers,
+            reporter,
+            Arc::new(tokio::sync::Notify::new()),
+            rx,
+        )
+        .await
+        .unwrap()
+    });
+    assert_eq!((summary.handled, summary.released), (5, 0));
+    assert_eq!(
+        s.count(&format!("SELECT count(*) FROM {}", s.table("deliveries"))),
+        0
+    );
+}

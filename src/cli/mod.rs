@@ -1,6 +1,7 @@
 //! The command line: clap types and one file per command. A command resolves its arguments
 //! into engine calls and formats the result; it never holds SQL or business rules.
 
+mod bench;
 mod dead;
 mod deliveries;
 pub mod generate;
@@ -102,6 +103,9 @@ pub enum Command {
     Lanes(lanes::LanesArgs),
     Stats(lanes::StatsArgs),
     Completions(generate::CompletionsArgs),
+    Bench(bench::BenchArgs),
+    #[command(hide = true)]
+    BenchWorker(bench::WorkerArgs),
 }
 
 /// Durations as `30s`, `5m`, `1h`, `250ms`.
@@ -140,5 +144,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Lanes(args) => lanes::run(g, &out, args).await,
         Command::Stats(args) => lanes::run_stats(g, &out, args).await,
         Command::Completions(args) => generate::run(g, &out, args),
+        Command::Bench(args) => bench::run(g, &out, args).await,
+        Command::BenchWorker(args) => bench::run_worker(g, &out, args).await,
     }
 }

@@ -11,7 +11,7 @@ use tokio::sync::{watch, Notify};
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use super::report::Reporter;
-use super::Shutdown;
+use super::{signalled, Shutdown};
 use crate::store::postgres::ConnectOptions;
 
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -28,7 +28,7 @@ pub async fn listen(
     loop {
         let error = tokio::select! {
             e = listen_once(&opts, &channel, &wake, &mut backoff) => e,
-            _ = shutdown.wait_for(|s| *s != Shutdown::Running) => return,
+            _ = signalled(&mut shutdown, Shutdown::Graceful) => return,
         };
         reporter.log(
             "warn",
@@ -40,7 +40,7 @@ pub async fn listen(
         );
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
-            _ = shutdown.wait_for(|s| *s != Shutdown::Running) => return,
+            _ = signalled(&mut shutdown, Shutdown::Graceful) => return,
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }

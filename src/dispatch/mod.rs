@@ -34,6 +34,26 @@ pub enum Shutdown {
     Immediate,
 }
 
+/// Resolves when the shutdown state changes. A dropped sender sends nothing more, so it never
+/// resolves then (a closed channel must not read as a signal).
+pub async fn next_signal(shutdown: &mut watch::Receiver<Shutdown>) {
+    if shutdown.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Resolves once the shutdown state is `state` (or further along), never on a dropped sender.
+pub async fn signalled(shutdown: &mut watch::Receiver<Shutdown>, state: Shutdown) {
+    let reached = |s: &Shutdown| match state {
+        Shutdown::Running => true,
+        Shutdown::Graceful => *s != Shutdown::Running,
+        Shutdown::Immediate => *s == Shutdown::Immediate,
+    };
+    if shutdown.wait_for(reached).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Exponential backoff with jitter: `base * 2^(attempt-1)`, capped, then scaled by a random
 /// factor in [0.5, 1) so failing deliveries do not retry in lockstep.
 #[derive(Clone, Copy, Debug)]
@@ -168,7 +188,7 @@ pub async fn run<S: Store>(
         if free == 0 {
             tokio::select! {
                 slot = slots.acquire() => drop(slot),
-                _ = shutdown.changed() => {}
+                _ = next_signal(&mut shutdown) => {}
             }
             continue;
         }
@@ -180,7 +200,7 @@ pub async fn run<S: Store>(
                 tokio::select! {
                     slots = slots.acquire_many(full_batch as u32) => drop(slots),
                     _ = tokio::time::sleep_until(until) => {}
-                    _ = shutdown.changed() => {}
+                    _ = next_signal(&mut shutdown) => {}
                 }
                 continue;
             }
@@ -218,7 +238,7 @@ pub async fn run<S: Store>(
                 );
                 tokio::select! {
                     _ = tokio::time::sleep(claim_backoff) => {}
-                    _ = shutdown.changed() => {}
+                    _ = next_signal(&mut shutdown) => {}
                 }
                 claim_backoff = (claim_backoff * 2).min(MAX_CLAIM_BACKOFF);
                 continue;
@@ -280,7 +300,7 @@ pub async fn run<S: Store>(
         tokio::select! {
             _ = wake.notified() => {}
             _ = tokio::time::sleep(options.poll_interval) => {}
-            _ = shutdown.changed() => {}
+            _ = next_signal(&mut shutdown) => {}
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
         }
     }
@@ -301,7 +321,7 @@ pub async fn run<S: Store>(
         tokio::select! {
             _ = tasks.join_next() => {}
             _ = tokio::time::sleep_until(deadline) => break,
-            _ = shutdown.wait_for(|s| *s == Shutdown::Immediate) => break,
+            _ = signalled(&mut shutdown, Shutdown::Immediate) => break,
         }
     }
     let _ = cancel_tx.send(true);

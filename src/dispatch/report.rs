@@ -53,6 +53,7 @@ pub struct Reporter {
     status_drawn: Mutex<bool>,
     pub counters: Counters,
     started: Instant,
+    quiet: bool,
 }
 
 impl Reporter {
@@ -63,11 +64,23 @@ impl Reporter {
             status_drawn: Mutex::new(false),
             counters: Counters::default(),
             started: Instant::now(),
+            quiet: false,
+        }
+    }
+
+    /// A reporter that logs nothing, for benchmark workers (their output is the report).
+    pub fn quiet(format: LogFormat) -> Self {
+        Self {
+            quiet: true,
+            ..Self::new(format)
         }
     }
 
     /// One log line: `ts level msg k=v ...`, or a JSON object with `--log-format json`.
     pub fn log(&self, level: &str, msg: &str, fields: &[(&str, &dyn std::fmt::Display)]) {
+        if self.quiet {
+            return;
+        }
         let ts = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         let line = match self.format {
             LogFormat::Json => {
@@ -104,7 +117,7 @@ impl Reporter {
 
     /// Redraws the status line (terminal only).
     pub fn status(&self, in_flight: usize) {
-        if !self.live {
+        if !self.live || self.quiet {
             return;
         }
         let s = self.counters.summary();

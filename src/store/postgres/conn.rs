@@ -6,6 +6,7 @@
 //! of an unnamed statement in one round trip, which poolers accept.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -119,6 +120,19 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
+/// Statements this process sent through the store, and how many of them the server had to
+/// parse (a prepare, or an unnamed statement). Read by the benchmark workers.
+static STATEMENTS: AtomicU64 = AtomicU64::new(0);
+static PARSES: AtomicU64 = AtomicU64::new(0);
+
+/// (statements sent, statements parsed) by this process so far.
+pub fn statement_counts() -> (u64, u64) {
+    (
+        STATEMENTS.load(Ordering::Relaxed),
+        PARSES.load(Ordering::Relaxed),
+    )
+}
+
 /// A statement with a fixed text for the life of a store, and its parameter types.
 #[derive(Debug)]
 pub(crate) struct Sql {
@@ -175,10 +189,12 @@ impl Conn {
         sql: &Sql,
         params: Params<'_>,
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        STATEMENTS.fetch_add(1, Ordering::Relaxed);
         if self.prepared_statements {
             let statement = self.statement(sql).await?;
             self.client.query(&statement, params).await
         } else {
+            PARSES.fetch_add(1, Ordering::Relaxed);
             self.client
                 .query_typed(&sql.text, &typed(sql, params))
                 .await
@@ -190,10 +206,12 @@ impl Conn {
         sql: &Sql,
         params: Params<'_>,
     ) -> Result<u64, tokio_postgres::Error> {
+        STATEMENTS.fetch_add(1, Ordering::Relaxed);
         if self.prepared_statements {
             let statement = self.statement(sql).await?;
             self.client.execute(&statement, params).await
         } else {
+            PARSES.fetch_add(1, Ordering::Relaxed);
             self.client
                 .execute_typed(&sql.text, &typed(sql, params))
                 .await
@@ -204,6 +222,7 @@ impl Conn {
         if let Some(s) = self.prepared.get(&sql.slot) {
             return Ok(s.clone());
         }
+        PARSES.fetch_add(1, Ordering::Relaxed);
         let s = self.client.prepare_typed(&sql.text, sql.types).await?;
         self.prepared.insert(sql.slot, s.clone());
         Ok(s)

@@ -11,7 +11,7 @@ mod schema;
 
 use std::sync::Arc;
 
-pub use conn::{redact_url, ConnectOptions};
+pub use conn::{redact_url, statement_counts, ConnectOptions};
 pub use dispatch::ClaimStats;
 pub use notify::NOTIFY_INTERVAL;
 pub use schema::{conversion_script, install_script};

@@ -1,0 +1,221 @@
+//! The benchmark's cells, named after the seed's: publishers x batch x handlers x keys, dispatch
+//! processes x configuration, and mixed load at a fixed offered rate.
+
+use std::fmt;
+
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Keys {
+    /// No ordering key.
+    None,
+    /// 1,000 distinct keys.
+    Distinct,
+    /// 10 hot keys.
+    Hot10,
+    /// One key for everything.
+    Hot1,
+}
+
+impl Keys {
+    /// The key of the n-th event a generator makes.
+    pub fn key(self, n: u64) -> Option<String> {
+        match self {
+            Keys::None => None,
+            Keys::Distinct => Some(format!("k{}", n % 1000)),
+            Keys::Hot10 => Some(format!("k{}", n % 10)),
+            Keys::Hot1 => Some("k0".into()),
+        }
+    }
+}
+
+/// A dispatcher configuration of the seed: `defaults`, `mid` or `tuned`.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Config {
+    Defaults,
+    Mid,
+    Tuned,
+}
+
+impl Config {
+    /// (concurrency, batch size, pool size, poll interval in ms)
+    pub fn settings(self) -> (u32, u32, u32, u64) {
+        match self {
+            Config::Defaults => (10, 10, 10, 1000),
+            Config::Mid => (50, 200, 20, 1000),
+            Config::Tuned => (200, 200, 40, 50),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "scenario", rename_all = "snake_case")]
+pub enum Cell {
+    Publish {
+        publishers: u32,
+        batch: u32,
+        handlers: u32,
+        keys: Keys,
+    },
+    Dispatch {
+        processes: u32,
+        config: Config,
+        handlers: u32,
+        keys: Keys,
+    },
+    Mixed {
+        rate: u32,
+        config: Config,
+    },
+}
+
+impl fmt::Display for Cell {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let suffix = |handlers: u32, keys: Keys| {
+            let mut s = String::new();
+            if handlers > 1 {
+                s.push_str(&format!("-h{handlers}"));
+            }
+            s.push_str(match keys {
+                Keys::None => "",
+                Keys::Distinct => "-k1000",
+                Keys::Hot10 => "-hot10",
+                Keys::Hot1 => "-hot1",
+            });
+            s
+        };
+        match *self {
+            Cell::Publish {
+                publishers,
+                batch,
+                handlers,
+                keys,
+            } => {
+                write!(f, "pub-p{publishers}-b{batch}{}", suffix(handlers, keys))
+            }
+            Cell::Dispatch {
+                processes,
+                config,
+                handlers,
+                keys,
+            } => write!(
+                f,
+                "disp-{processes}i-{}{}",
+                format!("{config:?}").to_lowercase(),
+                suffix(handlers, keys)
+            ),
+            Cell::Mixed { rate, config } => {
+                write!(f, "mixed-{rate}-{}", format!("{config:?}").to_lowercase())
+            }
+        }
+    }
+}
+
+impl Cell {
+    pub fn scenario(&self) -> &'static str {
+        match self {
+            Cell::Publish { .. } => "publish",
+            Cell::Dispatch { .. } => "dispatch",
+            Cell::Mixed { .. } => "mixed",
+        }
+    }
+}
+
+/// The quick set: the seed's cells at one sample each.
+pub fn presets() -> Vec<Cell> {
+    let mut cells = vec![];
+    for publishers in [1, 8, 32] {
+        for batch in [1, 100] {
+            cells.push(Cell::Publish {
+                publishers,
+                batch,
+                handlers: 1,
+                keys: Keys::None,
+            });
+        }
+    }
+    cells.push(Cell::Publish {
+        publishers: 8,
+        batch: 1,
+        handlers: 5,
+        keys: Keys::None,
+    });
+    cells.push(Cell::Publish {
+        publishers: 8,
+        batch: 100,
+        handlers: 5,
+        keys: Keys::None,
+    });
+    for keys in [Keys::Distinct, Keys::Hot10, Keys::Hot1] {
+        cells.push(Cell::Publish {
+            publishers: 8,
+            batch: 1,
+            handlers: 1,
+            keys,
+        });
+    }
+    for processes in [1, 4, 8] {
+        for config in [Config::Defaults, Config::Mid, Config::Tuned] {
+            cells.push(Cell::Dispatch {
+                processes,
+                config,
+                handlers: 1,
+                keys: Keys::None,
+            });
+        }
+    }
+    cells.push(Cell::Dispatch {
+        processes: 1,
+        config: Config::Tuned,
+        handlers: 5,
+        keys: Keys::None,
+    });
+    cells.push(Cell::Dispatch {
+        processes: 1,
+        config: Config::Tuned,
+        handlers: 1,
+        keys: Keys::Distinct,
+    });
+    cells.push(Cell::Dispatch {
+        processes: 1,
+        config: Config::Tuned,
+        handlers: 1,
+        keys: Keys::Hot10,
+    });
+    cells.push(Cell::Mixed {
+        rate: 1000,
+        config: Config::Defaults,
+    });
+    cells.push(Cell::Mixed {
+        rate: 1000,
+        config: Config::Tuned,
+    });
+    cells.push(Cell::Mixed {
+        rate: 5000,
+        config: Config::Tuned,
+    });
+    cells
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_readable() {
+        let names: Vec<String> = presets().iter().map(|c| c.to_string()).collect();
+        let mut unique = names.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len());
+        assert_eq!(names[0], "pub-p1-b1");
+        assert!(names.contains(&"pub-p8-b100-h5".to_owned()));
+        assert!(names.contains(&"disp-8i-tuned".to_owned()));
+        assert!(names.contains(&"disp-1i-tuned-hot10".to_owned()));
+        assert_eq!(names.last().unwrap(), "mixed-5000-tuned");
+    }
+}

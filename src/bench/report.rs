@@ -1,0 +1,238 @@
+//! The benchmark's output: a table per sample on the terminal, and with `--out DIR` the files
+//! `report.md`, `samples.jsonl` and `env.json`. Counters are divided by the units done.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use super::{BenchOptions, Sample};
+
+/// Per-unit counters of a sample, in the order the table shows them.
+pub fn per_unit(s: &Sample) -> Vec<(String, f64)> {
+    let u = s.units.max(1) as f64;
+    let c = &s.counters;
+    let mut out = vec![
+        ("statements".to_owned(), s.statements as f64 / u),
+        ("parses".to_owned(), s.parses as f64 / u),
+        ("transactions".to_owned(), c.transactions as f64 / u),
+        ("wal_bytes".to_owned(), c.wal_bytes as f64 / u),
+        ("wal_records".to_owned(), c.wal_records as f64 / u),
+        ("wal_fpi".to_owned(), c.wal_fpi as f64 / u),
+    ];
+    for (table, [ins, upd, hot, del]) in &c.tables {
+        if ins + upd + del == 0 {
+            continue;
+        }
+        out.push((format!("{table}.ins"), *ins as f64 / u));
+        out.push((format!("{table}.upd"), *upd as f64 / u));
+        out.push((format!("{table}.hot"), *hot as f64 / u));
+        out.push((format!("{table}.del"), *del as f64 / u));
+    }
+    out
+}
+
+fn verdict(s: &Sample) -> String {
+    match &s.exactness {
+        Some(e) if !e.valid => format!("INVALID: {}", e.problems.join("; ")),
+        Some(e) if e.duplicates_after_lease_loss > 0 => {
+            format!(
+                "valid ({} redelivered after a lost lease)",
+                e.duplicates_after_lease_loss
+            )
+        }
+        _ => "valid".into(),
+    }
+}
+
+fn unit(s: &Sample) -> &'static str {
+    if s.scenario == "dispatch" {
+        "deliveries/s"
+    } else {
+        "events/s"
+    }
+}
+
+/// One line per sample for the terminal.
+pub fn line(s: &Sample) -> String {
+    let rate = match &s.exactness {
+        Some(e) if !e.valid => "-".to_owned(),
+        _ => format!("{:.0} {}", s.throughput, unit(s)),
+    };
+    let floor = s
+        .floor_throughput
+        .map(|f| format!(", floor {f:.0} ({:.2} of it)", s.throughput / f.max(1.0)))
+        .unwrap_or_default();
+    let latency = s
+        .latency
+        .as_ref()
+        .map(|l| {
+            format!(
+                ", e2e p50/p95/p99 {:.1}/{:.1}/{:.1} ms, backlog max {}",
+                l.p50_ms, l.p95_ms, l.p99_ms, l.max_backlog
+            )
+        })
+        .unwrap_or_default();
+    let calls = s
+        .call_p50_ms
+        .map(|p| {
+            format!(
+                ", call p50/p99 {p:.2}/{:.2} ms",
+                s.call_p99_ms.unwrap_or(0.0)
+            )
+        })
+        .unwrap_or_default();
+    let counters: Vec<String> = per_unit(s)
+        .iter()
+        .filter(|(k, _)| {
+            ["statements", "parses", "wal_bytes", "wal_fpi"].contains(&k.as_str())
+                || k.ends_with(".upd")
+                || k.ends_with(".hot")
+        })
+        .map(|(k, v)| format!("{k} {v:.3}"))
+        .collect();
+    format!(
+        "{:<22} {rate}{floor}{calls}{latency} | per unit: {} | {} | spin {:.0} ms",
+        s.cell,
+        counters.join(", "),
+        verdict(s),
+        s.spin_ms
+    )
+}
+
+/// Ratios of candidate to base, pair by pair, per cell: (cell, ratios).
+pub fn ratios(samples: &[Sample], base: &str) -> Vec<(String, Vec<f64>)> {
+    let mut cells: Vec<String> = samples.iter().map(|s| s.cell.clone()).collect();
+    cells.dedup();
+    cells
+        .into_iter()
+        .map(|cell| {
+            let of = |is_base: bool| -> Vec<&Sample> {
+                samples
+                    .iter()
+                    .filter(|s| s.cell == cell && (s.binary == base) == is_base)
+                    .collect()
+            };
+            let pairs = of(true)
+                .into_iter()
+                .zip(of(false))
+                .filter(|(a, b)| {
+                    [a, b]
+                        .iter()
+                        .all(|s| s.exactness.as_ref().is_none_or(|e| e.valid))
+                })
+                .map(|(a, b)| b.throughput / a.throughput.max(1e-9))
+                .collect();
+            (cell, pairs)
+        })
+        .collect()
+}
+
+pub fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    (!v.is_empty()).then(|| v[v.len() / 2])
+}
+
+/// `report.md`: one table of throughput and the counters per unit, then the comparison.
+pub fn markdown(opts: &BenchOptions, samples: &[Sample]) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "# relaybus bench\n");
+    let _ = writeln!(
+        md,
+        "Warm-up {} ms, window {} ms, {} sample(s) per cell. Counters are server deltas (WAL is \
+         cluster-wide) and client statement counts, divided by the units done from the first \
+         statement to the last. A sample that failed exactness shows no number.\n",
+        opts.warmup.as_millis(),
+        opts.window.as_millis(),
+        opts.samples
+    );
+    let _ = writeln!(md, "| cell | binary | throughput | floor | of floor | stmts/unit | WAL B/unit | WAL rec/unit | FPI/unit | latency / calls | exactness | spin ms |");
+    let _ = writeln!(
+        md,
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|"
+    );
+    for s in samples {
+        let u = s.units.max(1) as f64;
+        let valid = s.exactness.as_ref().is_none_or(|e| e.valid);
+        let extra = match (&s.latency, s.call_p50_ms) {
+            (Some(l), _) => format!(
+                "e2e p50 {:.1} / p95 {:.1} / p99 {:.1} ms, backlog {}",
+                l.p50_ms, l.p95_ms, l.p99_ms, l.max_backlog
+            ),
+            (None, Some(p)) => format!(
+                "call p50 {p:.2} / p99 {:.2} ms",
+                s.call_p99_ms.unwrap_or(0.0)
+            ),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {:.3} | {:.0} | {:.2} | {:.3} | {} | {} | {:.0} |",
+            s.cell,
+            Path::new(&s.binary)
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            if valid {
+                format!("{:.0} {}", s.throughput, unit(s))
+            } else {
+                "-".into()
+            },
+            s.floor_throughput
+                .map(|f| format!("{f:.0}"))
+                .unwrap_or_else(|| "-".into()),
+            s.floor_throughput
+                .map(|f| format!("{:.2}", s.throughput / f.max(1.0)))
+                .unwrap_or_else(|| "-".into()),
+            s.statements as f64 / u,
+            s.counters.wal_bytes as f64 / u,
+            s.counters.wal_records as f64 / u,
+            s.counters.wal_fpi as f64 / u,
+            extra,
+            verdict(s),
+            s.spin_ms
+        );
+    }
+    let _ = writeln!(md, "\n## Rows written per unit\n");
+    let _ = writeln!(md, "| cell | table | inserted | updated | HOT | deleted |");
+    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|");
+    for s in samples {
+        let u = s.units.max(1) as f64;
+        for (t, [i, up, h, d]) in &s.counters.tables {
+            if i + up + d > 0 {
+                let _ = writeln!(
+                    md,
+                    "| {} | {t} | {:.3} | {:.3} | {:.3} | {:.3} |",
+                    s.cell,
+                    *i as f64 / u,
+                    *up as f64 / u,
+                    *h as f64 / u,
+                    *d as f64 / u
+                );
+            }
+        }
+    }
+    if let Some(candidate) = &opts.candidate {
+        let _ = writeln!(
+            md,
+            "\n## {} / {}\n",
+            candidate.display(),
+            opts.base.display()
+        );
+        let _ = writeln!(md, "| cell | pairs | median | min | max |");
+        let _ = writeln!(md, "|---|---:|---:|---:|---:|");
+        for (cell, r) in ratios(samples, &opts.base.display().to_string()) {
+            let (lo, hi) = r
+                .iter()
+                .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
+            match median(&r) {
+                Some(m) => {
+                    let _ = writeln!(md, "| {cell} | {} | {m:.3} | {lo:.3} | {hi:.3} |", r.len());
+                }
+                None => {
+                    let _ = writeln!(md, "| {cell} | 0 | - | - | - |");
+                }
+            }
+        }
+    }
+    md
+}

@@ -1,0 +1,245 @@
+//! `relaybus bench` and the hidden `relaybus bench-worker` that each of its processes runs.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+
+use super::{parse_duration, GlobalArgs, Output};
+use crate::bench::cells::{presets, Config, Keys};
+use crate::bench::worker::{self, Role, WorkerPlan};
+use crate::bench::{report, BenchOptions, Coordinator};
+use crate::store::postgres::ConnectOptions;
+
+/// Measure publish and dispatch throughput, mixed-load latency and the database's counters.
+///
+///   relaybus bench                          # the quick set: every cell, 1 sample
+///   relaybus bench dispatch --cell disp-1i-tuned --samples 3
+///   relaybus bench publish --compare ./relaybus-old --samples 3 --out bench-results
+///   relaybus bench --list
+///
+/// Each publisher and dispatcher is its own process; each sample is a warm-up plus a fixed
+/// window; dispatch starts from a preloaded backlog; the handler is a built-in no-op. Every
+/// sample runs in a schema of its own (relaybus_bench_*), created and dropped by the bench;
+/// --schema is not used. Counters are deltas of the server's statistics (nothing is reset) and
+/// the workers' own statement counts, per event or delivery. Dispatch and mixed samples are
+/// checked for exactness (each delivery handled once, per-key order, nothing lost or dead) and
+/// an invalid sample is reported as such. A raw-SQL floor runs beside each cell. With
+/// --compare the two binaries alternate (A, B, then B, A) and the ratio of each pair is
+/// reported with its median. --out DIR writes report.md, samples.jsonl and env.json.
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct BenchArgs {
+    /// Only this scenario's cells.
+    #[arg(value_enum)]
+    pub scenario: Option<Scenario>,
+    /// Only these cells (repeatable); see --list.
+    #[arg(long = "cell", value_name = "NAME")]
+    pub cells: Vec<String>,
+    /// List the cells and exit.
+    #[arg(long)]
+    pub list: bool,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub samples: u32,
+    #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
+    pub warmup: Duration,
+    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    pub window: Duration,
+    /// A second relaybus binary to compare with, interleaved sample by sample.
+    #[arg(long, value_name = "BINARY")]
+    pub compare: Option<PathBuf>,
+    /// Directory for report.md, samples.jsonl and env.json.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Skip the raw-SQL floor runs.
+    #[arg(long)]
+    pub no_floor: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum Scenario {
+    Publish,
+    Dispatch,
+    Mixed,
+}
+
+/// One process of a benchmark (started by `relaybus bench`).
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    #[arg(value_enum)]
+    pub role: Role,
+    #[arg(long, default_value_t = 0)]
+    pub start_at_ms: u64,
+    #[arg(long, default_value_t = 0)]
+    pub warmup_ms: u64,
+    #[arg(long, default_value_t = 0)]
+    pub window_ms: u64,
+    #[arg(long, default_value_t = 0)]
+    pub index: u32,
+    #[arg(long, default_value_t = 1)]
+    pub batch: u32,
+    #[arg(long, default_value_t = 1)]
+    pub handlers: u32,
+    #[arg(long, value_enum, default_value_t = Keys::None)]
+    pub keys: Keys,
+    #[arg(long, value_enum, default_value_t = Config::Defaults)]
+    pub config: Config,
+    #[arg(long, default_value_t = 0)]
+    pub events: u64,
+    #[arg(long)]
+    pub records: Option<PathBuf>,
+}
+
+pub async fn run_worker(g: &GlobalArgs, out: &Output, a: WorkerArgs) -> Result<ExitCode> {
+    let plan = WorkerPlan {
+        role: a.role,
+        start_at_ms: a.start_at_ms,
+        warmup: Duration::from_millis(a.warmup_ms),
+        window: Duration::from_millis(a.window_ms),
+        index: a.index,
+        batch: a.batch,
+        handlers: a.handlers,
+        keys: a.keys,
+        config: a.config,
+        events: a.events,
+        records: a.records,
+    };
+    let store = g.store(worker::store_options(&plan))?;
+    let report = worker::run(store, plan).await?;
+    out.line(serde_json::to_string(&report)?)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<ExitCode> {
+    let mut cells = presets();
+    if let Some(scenario) = a.scenario {
+        let name = format!("{scenario:?}").to_lowercase();
+        cells.retain(|c| c.scenario() == name);
+    }
+    if !a.cells.is_empty() {
+        for wanted in &a.cells {
+            if !cells.iter().any(|c| c.to_string() == *wanted) {
+                bail!("no cell `{wanted}`; `relaybus bench --list` shows them");
+            }
+        }
+        cells.retain(|c| a.cells.contains(&c.to_string()));
+    }
+    if a.list {
+        for c in &cells {
+            out.line(c.to_string())?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let base = std::env::current_exe().context("could not find this binary")?;
+    let candidate = match &a.compare {
+        Some(p) => Some(
+            std::fs::canonicalize(p).with_context(|| format!("no binary at `{}`", p.display()))?,
+        ),
+        None => None,
+    };
+    let config = ConnectOptions::resolve(g.database_url.as_deref())?;
+    let connect = ConnectOptions::new(config, true, g.lock_timeout);
+    let opts = BenchOptions {
+        cells: cells.clone(),
+        samples: a.samples,
+        warmup: a.warmup,
+        window: a.window,
+        base: base.clone(),
+        candidate: candidate.clone(),
+        database_url: g.database_url.clone(),
+        floor: !a.no_floor,
+    };
+    let mut coordinator = Coordinator::new(opts.clone(), &connect)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let env = coordinator
+        .environment()
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut samples = vec![];
+    let total = cells.len() as u32 * a.samples * if candidate.is_some() { 2 } else { 1 };
+    let mut done = 0;
+    for i in 0..a.samples {
+        for cell in &cells {
+            let mut binaries = vec![base.clone()];
+            if let Some(c) = &candidate {
+                binaries.push(c.clone());
+                if i % 2 == 1 {
+                    binaries.reverse();
+                }
+            }
+            for binary in binaries {
+                done += 1;
+                out.progress(format!("[{done}/{total}] {cell} ({})", binary.display()));
+                let sample = coordinator
+                    .sample(*cell, &binary, i + 1)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("{cell}: {e}"))?;
+                if !out.json {
+                    out.line(report::line(&sample))?;
+                }
+                samples.push(sample);
+            }
+        }
+    }
+    let min_spin = samples.iter().map(|s| s.spin_ms).fold(f64::MAX, f64::min);
+    let noisy: Vec<String> = samples
+        .iter()
+        .filter(|s| s.spin_ms > min_spin * 1.25)
+        .map(|s| format!("{} #{}", s.cell, s.sample))
+        .collect();
+    if !noisy.is_empty() && !out.json {
+        out.line(format!(
+            "noisy (CPU spin over 1.25x the quietest): {}",
+            noisy.join(", ")
+        ))?;
+    }
+    if let Some(c) = &candidate {
+        for (cell, r) in report::ratios(&samples, &base.display().to_string()) {
+            if let Some(m) = report::median(&r) {
+                out.line(format!(
+                    "{cell}: {} / base median {m:.3} over {} pairs",
+                    c.display(),
+                    r.len()
+                ))?;
+            }
+        }
+    }
+    if out.json {
+        out.print_json(&samples)?;
+    }
+    if let Some(dir) = &a.out {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("could not create `{}`", dir.display()))?;
+        std::fs::write(
+            dir.join("report.md"),
+            report::markdown(coordinator.options(), &samples),
+        )?;
+        let mut jsonl = std::fs::File::create(dir.join("samples.jsonl"))?;
+        for s in &samples {
+            writeln!(jsonl, "{}", serde_json::to_string(s)?)?;
+        }
+        let commit = std::process::Command::new("git")
+            .args(["rev-parse", "HEAD"])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+        let mut env = env;
+        env["commit"] = commit.into();
+        std::fs::write(dir.join("env.json"), serde_json::to_string_pretty(&env)?)?;
+        out.progress(format!("wrote {}", dir.display()));
+    }
+    let invalid = samples
+        .iter()
+        .filter(|s| s.exactness.as_ref().is_some_and(|e| !e.valid))
+        .count();
+    if invalid > 0 {
+        eprintln!("{invalid} sample(s) failed the exactness check");
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
