@@ -419,7 +419,8 @@ async fn floor_dispatch(store: PgStore, plan: WorkerPlan) -> Result<WorkerReport
     Ok(r)
 }
 
-/// Store options of a worker: one connection per publisher, the cell's pool for a dispatcher.
+/// Store options of a worker: a publisher publishes on one connection, a dispatcher has the
+/// cell's pool.
 pub fn store_options(plan: &WorkerPlan) -> StoreOptions {
     let (_, _, pool, _) = plan.config.settings();
     match plan.role {
@@ -431,8 +432,10 @@ pub fn store_options(plan: &WorkerPlan) -> StoreOptions {
             pool_size: 8,
             notify: true,
         },
+        // A second connection for the coalesced wake-up, which must not hold up the next
+        // publish, as with `relaybus publish`.
         _ => StoreOptions {
-            pool_size: 1,
+            pool_size: 2,
             notify: true,
         },
     }

@@ -12,7 +12,8 @@ use crate::store::{ClaimRequest, ClaimedDelivery, Failure, LeaseToken, Result, S
 
 /// One claim. `held` locks the lanes this worker holds under a live lease (a takeover of them
 /// waits). `taken` takes up to $5 free or expired lanes that have due work for these handlers,
-/// skipping lanes another claimer has locked. Expired lanes are taken over: their epoch is
+/// skipping lanes another claimer has locked, starting at a random lane ($8) so that no lane
+/// waits behind lower-numbered ones (from lane 0, a busy worker left the high lanes for seconds). Expired lanes are taken over: their epoch is
 /// bumped, and every delivery the predecessor had in flight is charged one attempt (buried at the
 /// handler's last attempt); they are picked from in the next claim. Completions delete rows
 /// without touching the lane, so a held lane's in-flight list is pruned here.
@@ -42,7 +43,7 @@ WITH held AS (
      AND EXISTS (SELECT 1 FROM "{{schema}}"."{{prefix}}deliveries" d
                   WHERE d.lane = l.lane AND d.status = 'pending' AND d.available_at <= now()
                     AND d.handler = ANY ($3))
-   ORDER BY l.lane LIMIT $5
+   ORDER BY (l.lane + $8) % 256 LIMIT $5
    FOR UPDATE SKIP LOCKED
 ), seen AS (
   SELECT l.lane, l.in_flight FROM "{{schema}}"."{{prefix}}lanes" l
@@ -111,6 +112,7 @@ pub(crate) const CLAIM_TYPES: &[Type] = &[
     Type::INT8,
     Type::INT4_ARRAY,
     Type::TEXT_ARRAY,
+    Type::INT2,
 ];
 
 /// Completion: deletes the deliveries whose tokens are still valid, in one statement for a whole
@@ -271,6 +273,7 @@ impl PgStore {
                     &req.new_lanes,
                     &req.max_attempts,
                     &req.outstanding,
+                    &(rand::random::<u8>() as i16),
                 ],
             )
             .await
