@@ -17,7 +17,7 @@ use crate::dispatch::report::{LogFormat, Reporter};
 use crate::dispatch::{self, Backoff, DispatchOptions, HandlerSpec, Shutdown};
 use crate::handler::{Handler, HandlerFuture, Outcome};
 use crate::store::lane::lane_of;
-use crate::store::postgres::{statement_counts, ConnectOptions, PgStore, StoreOptions};
+use crate::store::postgres::{ConnectOptions, PgStore, StoreOptions};
 use crate::store::{ClaimedDelivery, NewEvent, Store, StoreError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -102,8 +102,8 @@ impl WorkerPlan {
     }
 }
 
-fn report(mut r: WorkerReport) -> WorkerReport {
-    (r.statements, r.parses) = statement_counts();
+fn report(store: &PgStore, mut r: WorkerReport) -> WorkerReport {
+    (r.statements, r.parses) = store.statement_counts();
     r
 }
 
@@ -137,7 +137,7 @@ async fn publish(store: PgStore, plan: WorkerPlan) -> Result<WorkerReport, Store
             r.latencies_us.push(t1 - t0);
         }
     }
-    Ok(report(r))
+    Ok(report(&store, r))
 }
 
 /// Publishes one event per transaction at a fixed rate and records each commit time.
@@ -187,7 +187,7 @@ async fn mixed_publish(store: PgStore, plan: WorkerPlan) -> Result<WorkerReport,
         }
         f.flush().map_err(io)?;
     }
-    Ok(report(r))
+    Ok(report(&store, r))
 }
 
 fn io(e: std::io::Error) -> StoreError {
@@ -260,7 +260,7 @@ async fn dispatch_worker(store: PgStore, plan: WorkerPlan) -> Result<WorkerRepor
         drain: false,
         completion_history: false,
     };
-    dispatch::run(store, options, handlers, reporter, wake, rx).await?;
+    dispatch::run(Arc::clone(&store), options, handlers, reporter, wake, rx).await?;
     listener.abort();
     let seen = std::mem::take(&mut *recording.seen.lock().expect("records"));
     let r = WorkerReport {
@@ -278,7 +278,7 @@ async fn dispatch_worker(store: PgStore, plan: WorkerPlan) -> Result<WorkerRepor
         }
         f.flush().map_err(io)?;
     }
-    Ok(report(r))
+    Ok(report(&store, r))
 }
 
 async fn floor_connection(store: &PgStore) -> Result<tokio_postgres::Client, StoreError> {

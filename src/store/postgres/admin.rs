@@ -567,12 +567,23 @@ mod tests {
     //! The listings' plans on a large table, generic as the workers' connections plan them.
 
     use super::*;
-    use crate::store::postgres::{ConnectOptions, StoreOptions};
-    use crate::store::{Namespace, Store};
+    use crate::store::postgres::testing::{drop_store, generic_plan, large_store};
 
-    fn database_url() -> String {
-        std::env::var("RELAYBUS_TEST_DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    fn literal(a: &Arg) -> (String, &'static str) {
+        let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
+        match a {
+            Arg::Text(v) => (quote(v), "text"),
+            Arg::Int2(v) => (v.to_string(), "int2"),
+            Arg::Int8(v) => (v.to_string(), "int8"),
+            Arg::Float8(v) => (v.to_string(), "float8"),
+            Arg::Texts(v) => (
+                format!(
+                    "ARRAY[{}]::text[]",
+                    v.iter().map(|s| quote(s)).collect::<Vec<_>>().join(",")
+                ),
+                "text[]",
+            ),
+        }
     }
 
     /// Every status and filter combination over 100,000 deliveries: which plans scan
@@ -582,38 +593,7 @@ mod tests {
     /// their listing scans unless an event narrows it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn listings_use_indexes_on_a_large_table() {
-        let schema = format!("t{}_explain", std::process::id());
-        let config = ConnectOptions::resolve(Some(&database_url())).unwrap();
-        let store = PgStore::new(
-            ConnectOptions::new(config, true, Duration::from_secs(10)),
-            Namespace::new(&schema, "relaybus_").unwrap(),
-            StoreOptions::admin(),
-        );
-        let conn = store.pool.get().await.unwrap();
-        conn.client
-            .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-            .await
-            .unwrap();
-        drop(conn);
-        store.setup(false).await.unwrap();
-        let conn = store.pool.get().await.unwrap();
-        let (d, e) = (store.ns.table("deliveries"), store.ns.table("events"));
-        conn.client
-            .batch_execute(&format!(
-                "INSERT INTO {e} (id, type, key, payload, handlers) \
-                   SELECT 'e' || g, 'type' || (g % 10), CASE WHEN g % 2 = 0 THEN 'key' || (g % 1000) END, \
-                          '{{}}', '{{h1,h2}}' FROM generate_series(1, 50000) g; \
-                 INSERT INTO {d} (id, event_id, handler, lane, key, sequence, status, last_error) \
-                   SELECT 'd' || lpad(g::text, 6, '0') || h, 'e' || g, h, \
-                          {schema}.relaybus_lane_of(coalesce(CASE WHEN g % 2 = 0 THEN 'key' || (g % 1000) END, 'e' || g)), \
-                          CASE WHEN g % 2 = 0 THEN 'key' || (g % 1000) END, g, \
-                          CASE WHEN g % 100 = 0 THEN 'dead' ELSE 'pending' END, \
-                          CASE WHEN g % 100 = 0 THEN 'HTTP 500' END \
-                     FROM generate_series(1, 50000) g, unnest(ARRAY['h1', 'h2']) h; \
-                 ANALYZE {e}; ANALYZE {d}; SET plan_cache_mode = force_generic_plan"
-            ))
-            .await
-            .unwrap();
+        let store = large_store("explain_admin", 50_000).await;
         let mut scans = vec![];
         let statuses = [
             None,
@@ -632,27 +612,15 @@ mod tests {
                     event_type: (filter == "type").then(|| "type3".into()),
                     limit: 100,
                 };
-                let mut q = store.list_query(&f);
-                q.sql = format!("EXPLAIN {}", q.sql);
-                let plan: Vec<String> = q
-                    .run(&conn, "explain")
-                    .await
-                    .unwrap()
-                    .iter()
-                    .map(|r| r.get(0))
-                    .collect();
-                if plan
-                    .iter()
-                    .any(|l| l.contains("Seq Scan on relaybus_deliveries"))
-                {
+                let q = store.list_query(&f);
+                let (args, types): (Vec<String>, Vec<&str>) = q.args.iter().map(literal).unzip();
+                let plan = generic_plan(&store, &q.sql, &types, &args).await;
+                if plan.contains("Seq Scan on relaybus_deliveries") {
                     scans.push(format!("{status:?}/{filter}"));
                 }
             }
         }
-        conn.client
-            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-            .await
-            .unwrap();
+        drop_store(store).await;
         assert_eq!(
             scans,
             [

@@ -120,17 +120,21 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
-/// Statements this process sent through the store, and how many of them the server had to
-/// parse (a prepare, or an unnamed statement). Read by the benchmark workers.
-static STATEMENTS: AtomicU64 = AtomicU64::new(0);
-static PARSES: AtomicU64 = AtomicU64::new(0);
+/// Statements a store sent, and how many of them the server had to parse (a prepare, or an
+/// unnamed statement).
+#[derive(Debug, Default)]
+pub(crate) struct StatementCounts {
+    statements: AtomicU64,
+    parses: AtomicU64,
+}
 
-/// (statements sent, statements parsed) by this process so far.
-pub fn statement_counts() -> (u64, u64) {
-    (
-        STATEMENTS.load(Ordering::Relaxed),
-        PARSES.load(Ordering::Relaxed),
-    )
+impl StatementCounts {
+    pub fn get(&self) -> (u64, u64) {
+        (
+            self.statements.load(Ordering::Relaxed),
+            self.parses.load(Ordering::Relaxed),
+        )
+    }
 }
 
 /// A statement with a fixed text for the life of a store, and its parameter types.
@@ -146,12 +150,13 @@ pub(crate) struct Conn {
     pub client: Client,
     prepared_statements: bool,
     prepared: HashMap<usize, Statement>,
+    counts: Arc<StatementCounts>,
 }
 
 pub(crate) type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
 impl Conn {
-    pub async fn connect(opts: &ConnectOptions) -> Result<Conn> {
+    pub async fn connect(opts: &ConnectOptions, counts: Arc<StatementCounts>) -> Result<Conn> {
         let (client, connection) =
             opts.config
                 .connect(NoTls)
@@ -181,6 +186,7 @@ impl Conn {
             client,
             prepared_statements: opts.prepared_statements,
             prepared: HashMap::new(),
+            counts,
         })
     }
 
@@ -189,12 +195,12 @@ impl Conn {
         sql: &Sql,
         params: Params<'_>,
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        STATEMENTS.fetch_add(1, Ordering::Relaxed);
+        self.counts.statements.fetch_add(1, Ordering::Relaxed);
         if self.prepared_statements {
             let statement = self.statement(sql).await?;
             self.client.query(&statement, params).await
         } else {
-            PARSES.fetch_add(1, Ordering::Relaxed);
+            self.counts.parses.fetch_add(1, Ordering::Relaxed);
             self.client
                 .query_typed(&sql.text, &typed(sql, params))
                 .await
@@ -206,12 +212,12 @@ impl Conn {
         sql: &Sql,
         params: Params<'_>,
     ) -> Result<u64, tokio_postgres::Error> {
-        STATEMENTS.fetch_add(1, Ordering::Relaxed);
+        self.counts.statements.fetch_add(1, Ordering::Relaxed);
         if self.prepared_statements {
             let statement = self.statement(sql).await?;
             self.client.execute(&statement, params).await
         } else {
-            PARSES.fetch_add(1, Ordering::Relaxed);
+            self.counts.parses.fetch_add(1, Ordering::Relaxed);
             self.client
                 .execute_typed(&sql.text, &typed(sql, params))
                 .await
@@ -222,7 +228,7 @@ impl Conn {
         if let Some(s) = self.prepared.get(&sql.slot) {
             return Ok(s.clone());
         }
-        PARSES.fetch_add(1, Ordering::Relaxed);
+        self.counts.parses.fetch_add(1, Ordering::Relaxed);
         let s = self.client.prepare_typed(&sql.text, sql.types).await?;
         self.prepared.insert(sql.slot, s.clone());
         Ok(s)
@@ -242,6 +248,7 @@ pub(crate) struct Pool {
     opts: ConnectOptions,
     idle: Mutex<Vec<Conn>>,
     permits: Arc<Semaphore>,
+    pub counts: Arc<StatementCounts>,
 }
 
 pub(crate) struct PooledConn<'a> {
@@ -256,6 +263,7 @@ impl Pool {
             opts,
             idle: Mutex::new(Vec::new()),
             permits: Arc::new(Semaphore::new(size.max(1))),
+            counts: Arc::default(),
         }
     }
 
@@ -273,7 +281,7 @@ impl Pool {
         let idle = self.idle.lock().expect("pool lock").pop();
         let conn = match idle {
             Some(c) if !c.client.is_closed() => c,
-            _ => Conn::connect(&self.opts).await?,
+            _ => Conn::connect(&self.opts, Arc::clone(&self.counts)).await?,
         };
         Ok(PooledConn {
             conn: Some(conn),

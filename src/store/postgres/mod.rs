@@ -11,7 +11,7 @@ mod schema;
 
 use std::sync::Arc;
 
-pub use conn::{redact_url, statement_counts, ConnectOptions};
+pub use conn::{redact_url, ConnectOptions};
 pub use dispatch::ClaimStats;
 pub use notify::NOTIFY_INTERVAL;
 pub use schema::{conversion_script, install_script};
@@ -119,6 +119,11 @@ impl PgStore {
 
     pub fn namespace(&self) -> &Namespace {
         &self.ns
+    }
+
+    /// (statements sent, statements the server parsed) by this store so far.
+    pub fn statement_counts(&self) -> (u64, u64) {
+        self.pool.counts.get()
     }
 
     /// The channel workers LISTEN on for wake-ups.
@@ -245,5 +250,105 @@ impl Store for PgStore {
 
     async fn stats(&self) -> Result<Vec<HandlerStats>> {
         self.stats_impl().await
+    }
+}
+
+/// Helpers for the plan tests: a large store in a throwaway schema, and generic plans.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+    use std::time::Duration;
+
+    pub fn database_url() -> String {
+        std::env::var("RELAYBUS_TEST_DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    }
+
+    /// `events` events, every other one keyed (1,000 keys), each with deliveries for `h1` and
+    /// `h2`; one in a hundred dead. Analyzed, so plans see the sizes.
+    pub async fn large_store(name: &str, events: u32) -> PgStore {
+        let schema = format!("t{}_{name}", std::process::id());
+        let config = ConnectOptions::resolve(Some(&database_url())).unwrap();
+        let store = PgStore::new(
+            ConnectOptions::new(config, true, Duration::from_secs(10)),
+            Namespace::new(&schema, "relaybus_").unwrap(),
+            StoreOptions::admin(),
+        );
+        let conn = store.pool.get().await.unwrap();
+        conn.client
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+            .await
+            .unwrap();
+        drop(conn);
+        store.setup(false).await.unwrap();
+        let (d, e) = (store.ns.table("deliveries"), store.ns.table("events"));
+        let key = "CASE WHEN g % 2 = 0 THEN 'key' || (g % 1000) END";
+        let conn = store.pool.get().await.unwrap();
+        conn.client
+            .batch_execute(&format!(
+                "INSERT INTO {e} (id, type, key, payload, handlers) \
+                   SELECT 'e' || g, 'type' || (g % 10), {key}, '{{}}', '{{h1,h2}}' \
+                     FROM generate_series(1, {events}) g; \
+                 INSERT INTO {d} (id, event_id, handler, lane, key, sequence, status, last_error) \
+                   SELECT 'd' || lpad(g::text, 7, '0') || h, 'e' || g, h, \
+                          {schema}.relaybus_lane_of(coalesce({key}, 'e' || g)), {key}, g, \
+                          CASE WHEN g % 100 = 0 THEN 'dead' ELSE 'pending' END, \
+                          CASE WHEN g % 100 = 0 THEN 'HTTP 500' END \
+                     FROM generate_series(1, {events}) g, unnest(ARRAY['h1', 'h2']) h; \
+                 ANALYZE {e}; ANALYZE {d}"
+            ))
+            .await
+            .unwrap();
+        drop(conn);
+        store
+    }
+
+    pub async fn drop_store(store: PgStore) {
+        let conn = store.pool.get().await.unwrap();
+        conn.client
+            .batch_execute(&format!("DROP SCHEMA {} CASCADE", store.ns.schema()))
+            .await
+            .unwrap();
+    }
+
+    /// The plan the server uses once it settles on a generic plan for a prepared statement
+    /// (which the workers' connections force): PREPARE, then EXPLAIN EXECUTE. `args` are SQL
+    /// literals; a statement that writes is only planned, not run.
+    pub async fn generic_plan(
+        store: &PgStore,
+        text: &str,
+        types: &[&str],
+        args: &[String],
+    ) -> String {
+        let conn = store.pool.get().await.unwrap();
+        conn.client
+            .batch_execute(&format!(
+                "SET plan_cache_mode = force_generic_plan; DEALLOCATE ALL; PREPARE q ({}) AS {text}",
+                types.join(", ")
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("{e:?}: {text}"));
+        let rows = conn
+            .client
+            .query(&format!("EXPLAIN EXECUTE q ({})", args.join(", ")), &[])
+            .await
+            .unwrap();
+        conn.client.batch_execute("DEALLOCATE q").await.unwrap();
+        rows.iter()
+            .map(|r| r.get::<_, String>(0))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The estimated total cost of a plan's top node.
+    pub fn cost(plan: &str) -> f64 {
+        let first = plan.lines().next().unwrap_or("");
+        first
+            .split("cost=")
+            .nth(1)
+            .and_then(|c| c.split("..").nth(1))
+            .and_then(|c| c.split(' ').next())
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(f64::MAX)
     }
 }

@@ -1,0 +1,91 @@
+//! Budgets on exact counters (issue: the measured truth). These depend on the code, not on the
+//! machine: a change that makes one worse fails here.
+
+use std::time::Duration;
+
+use relaybus::store::postgres::{ConnectOptions, PgStore, StoreOptions};
+use relaybus::store::{Namespace, NewEvent, Store};
+
+use crate::common::{runtime, TestDatabase, TestSchema};
+
+fn store(s: &TestSchema, url: &str) -> PgStore {
+    let config = ConnectOptions::resolve(Some(url)).unwrap();
+    PgStore::new(
+        ConnectOptions::new(config, true, Duration::from_secs(10)),
+        Namespace::new(&s.name, "relaybus_").unwrap(),
+        StoreOptions {
+            pool_size: 1,
+            notify: false,
+        },
+    )
+}
+
+/// The benchmark's event: 160 bytes of payload, one handler.
+fn event(n: usize) -> NewEvent {
+    NewEvent {
+        id: format!("e{n}"),
+        event_type: "bench.event".into(),
+        key: None,
+        payload: serde_json::json!({ "pad": "x".repeat(150) }),
+        headers: Default::default(),
+        handlers: vec!["h".into()],
+    }
+}
+
+/// A single publish is one statement in its own implicit transaction (the seed's budget is
+/// BEGIN, one statement, COMMIT), and the connection parses it once. The WAL test below shows
+/// the server side: 200 publishes, 200 transactions.
+#[test]
+fn a_single_publish_is_one_statement_parsed_once() {
+    let s = TestSchema::installed("budget_stmts");
+    let store = store(&s, &crate::common::database_url());
+    runtime().block_on(store.publish(&[event(0)])).unwrap();
+    assert_eq!(store.statement_counts(), (1, 1), "(statements, parses)");
+    for n in 1..=100 {
+        runtime().block_on(store.publish(&[event(n)])).unwrap();
+    }
+    assert_eq!(store.statement_counts(), (101, 1), "(statements, parses)");
+    let keyed = NewEvent {
+        key: Some("k".into()),
+        ..event(101)
+    };
+    runtime().block_on(store.publish(&[keyed])).unwrap();
+    assert_eq!(
+        store.statement_counts(),
+        (102, 1),
+        "a keyed publish is the same statement"
+    );
+}
+
+/// WAL written by one published event, full-page images left out (they depend on the
+/// checkpoint cycle, not on the code): at or under the seed's 1,475 bytes. Read from the WAL
+/// itself and filtered to this database's transactions, so concurrent tests do not count.
+#[test]
+fn wal_per_published_event_is_within_the_seed_budget() {
+    let db = TestDatabase::new("budget_wal");
+    let s = TestSchema::in_database("budget_wal", &db.url);
+    s.cmd().arg("setup").assert().success();
+    s.exec("CREATE EXTENSION IF NOT EXISTS pg_walinspect");
+    let store = store(&s, &db.url);
+    runtime().block_on(store.publish(&[event(0)])).unwrap();
+    let start: String = s.query("SELECT pg_current_wal_insert_lsn()::text")[0].get(0);
+    for n in 1..=200 {
+        runtime().block_on(store.publish(&[event(n)])).unwrap();
+    }
+    let end: String = s.query("SELECT pg_current_wal_insert_lsn()::text")[0].get(0);
+    let rows = s.query(&format!(
+        "WITH w AS (SELECT * FROM pg_get_wal_records_info('{start}', '{end}')), \
+              mine AS (SELECT DISTINCT xid::text AS x FROM w WHERE xid <> 0 AND block_ref LIKE \
+                         '%/' || (SELECT oid FROM pg_database WHERE datname = current_database()) || '/%') \
+         SELECT count(DISTINCT w.xid::text), sum(w.record_length - w.fpi_length)::bigint \
+           FROM w JOIN mine ON mine.x = w.xid::text"
+    ));
+    let (transactions, bytes): (i64, i64) = (rows[0].get(0), rows[0].get(1));
+    assert_eq!(transactions, 200);
+    let per_event = bytes / 200;
+    eprintln!("WAL per published event, without full-page images: {per_event} bytes");
+    assert!(
+        per_event <= 1475,
+        "{per_event} WAL bytes per published event"
+    );
+}
