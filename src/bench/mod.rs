@@ -268,6 +268,35 @@ impl Coordinator {
         Ok(reports)
     }
 
+    /// The command lines of a cell's publishers (or of its floor), all with one start time.
+    fn publishers(
+        &self,
+        role: &str,
+        publishers: u32,
+        batch: u32,
+        handlers: u32,
+        keys: Keys,
+    ) -> Vec<Vec<String>> {
+        let timing = self.timing();
+        (0..publishers)
+            .map(|i| {
+                let mut a = vec![
+                    role.to_owned(),
+                    "--index".into(),
+                    i.to_string(),
+                    "--batch".into(),
+                    batch.to_string(),
+                    "--handlers".into(),
+                    handlers.to_string(),
+                    "--keys".into(),
+                    keys_arg(keys),
+                ];
+                a.extend(timing.iter().cloned());
+                a
+            })
+            .collect()
+    }
+
     fn timing(&self) -> Vec<String> {
         let start = now_ms() + 700;
         vec![
@@ -414,23 +443,7 @@ impl Coordinator {
                 keys,
             } => {
                 let before = self.counters(schema).await?;
-                let runs = (0..publishers)
-                    .map(|i| {
-                        let mut a = vec![
-                            "publish".to_owned(),
-                            "--index".into(),
-                            i.to_string(),
-                            "--batch".into(),
-                            batch.to_string(),
-                            "--handlers".into(),
-                            handlers.to_string(),
-                            "--keys".into(),
-                            keys_arg(keys),
-                        ];
-                        a.extend(self.timing());
-                        a
-                    })
-                    .collect();
+                let runs = self.publishers("publish", publishers, batch, handlers, keys);
                 let reports = self.workers(binary, schema, runs).await?;
                 tokio::time::sleep(Duration::from_millis(600)).await;
                 let counters = delta(&before, &self.counters(schema).await?);
@@ -709,23 +722,7 @@ impl Coordinator {
                 batch,
                 handlers,
                 keys,
-            } => (0..publishers)
-                .map(|i| {
-                    let mut a = vec![
-                        "floor-publish".to_owned(),
-                        "--index".into(),
-                        i.to_string(),
-                        "--batch".into(),
-                        batch.to_string(),
-                        "--handlers".into(),
-                        handlers.to_string(),
-                        "--keys".into(),
-                        keys_arg(keys),
-                    ];
-                    a.extend(self.timing());
-                    a
-                })
-                .collect(),
+            } => self.publishers("floor-publish", publishers, batch, handlers, keys),
             Cell::Dispatch {
                 processes,
                 config,

@@ -141,6 +141,22 @@ pub(crate) const CLAIM_TYPES: &[Type] = &[
     Type::INT2,
 ];
 
+/// The tokens of a completion batch that are still valid: `fenced` (id, claims). Shared by both
+/// completion statements.
+macro_rules! fence {
+    () => {
+        r#"
+WITH t AS MATERIALIZED (
+  SELECT * FROM unnest($1::text[], $2::int2[], $3::int8[], $4::int4[]) AS t(id, lane, epoch, claims)
+), fenced AS MATERIALIZED (
+  SELECT t.id, t.claims FROM t JOIN (
+    SELECT f.id FROM "{{schema}}"."{{prefix}}lanes" l CROSS JOIN LATERAL unnest(l.in_flight) AS f(id)
+     WHERE (l.lane, l.epoch) IN (SELECT lane, epoch FROM t)) AS listed ON listed.id = t.id
+)
+"#
+    };
+}
+
 /// Completion: deletes the deliveries whose tokens are still valid, in one statement for a whole
 /// window of completions. The in-flight lists of the fenced lanes (lane and epoch as in the
 /// tokens) are unnested once and joined by id, so the check costs one pass, not a search of the
@@ -149,28 +165,19 @@ pub(crate) const CLAIM_TYPES: &[Type] = &[
 /// for 200 completions). Lane rows are read without a lock, so a completion never waits for the
 /// owner's claims; a takeover that committed first has bumped `claims`, and the re-check of the
 /// row under the delete then fails, so a completion and a takeover never both win.
-pub(crate) const COMPLETE: &str = r#"
-WITH t AS MATERIALIZED (
-  SELECT * FROM unnest($1::text[], $2::int2[], $3::int8[], $4::int4[]) AS t(id, lane, epoch, claims)
-), fenced AS MATERIALIZED (
-  SELECT t.id, t.claims FROM t JOIN (
-    SELECT f.id FROM "{{schema}}"."{{prefix}}lanes" l CROSS JOIN LATERAL unnest(l.in_flight) AS f(id)
-     WHERE (l.lane, l.epoch) IN (SELECT lane, epoch FROM t)) AS listed ON listed.id = t.id
-)
+pub(crate) const COMPLETE: &str = concat!(
+    fence!(),
+    r#"
 DELETE FROM "{{schema}}"."{{prefix}}deliveries" d
  USING fenced f WHERE d.id = f.id AND d.claims = f.claims
 RETURNING d.id
-"#;
+"#
+);
 
 /// Completion that also appends to the completion history.
-pub(crate) const COMPLETE_WITH_HISTORY: &str = r#"
-WITH t AS MATERIALIZED (
-  SELECT * FROM unnest($1::text[], $2::int2[], $3::int8[], $4::int4[]) AS t(id, lane, epoch, claims)
-), fenced AS MATERIALIZED (
-  SELECT t.id, t.claims FROM t JOIN (
-    SELECT f.id FROM "{{schema}}"."{{prefix}}lanes" l CROSS JOIN LATERAL unnest(l.in_flight) AS f(id)
-     WHERE (l.lane, l.epoch) IN (SELECT lane, epoch FROM t)) AS listed ON listed.id = t.id
-), done AS (
+pub(crate) const COMPLETE_WITH_HISTORY: &str = concat!(
+    fence!(),
+    r#", done AS (
   DELETE FROM "{{schema}}"."{{prefix}}deliveries" d
    USING fenced f WHERE d.id = f.id AND d.claims = f.claims
   RETURNING d.id, d.event_id, d.handler, d.attempts
@@ -179,7 +186,8 @@ WITH t AS MATERIALIZED (
   SELECT event_id, handler, attempts + 1 FROM done
 )
 SELECT id FROM done
-"#;
+"#
+);
 pub(crate) const COMPLETE_TYPES: &[Type] = &[
     Type::TEXT_ARRAY,
     Type::INT2_ARRAY,
