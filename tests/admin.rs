@@ -1,11 +1,10 @@
 //! The operator's commands against a real store populated by `publish` and `run`.
 
-use std::process::{Command as StdCommand, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::common::{database_url, stderr, stdout, TestSchema};
+use crate::common::{signal, spawn_worker, stderr, stdout, wait_in_flight, TestSchema};
 
 fn publish(s: &TestSchema, events: &[Value]) {
     let lines: Vec<String> = events.iter().map(|e| e.to_string()).collect();
@@ -190,32 +189,18 @@ fn processing_lanes_and_stats_are_derived_from_live_leases() {
     );
     bury(&s, "other", "nope");
     let marker = format!("{}.{}", 400 + std::process::id() % 100, std::process::id());
-    let mut worker = StdCommand::new(assert_cmd::cargo::cargo_bin("relaybus"))
-        .env("RELAYBUS_DATABASE_URL", database_url())
-        .args([
-            "--schema",
-            &s.name,
-            "run",
+    let mut worker = spawn_worker(
+        &s,
+        &[
             "--handler",
             "slow",
             "--exec",
             &format!("cat >/dev/null; exec sleep {marker}"),
             "--shutdown-grace",
             "100ms",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while s.count(&format!(
-        "SELECT coalesce(sum(cardinality(in_flight)), 0) FROM {}",
-        s.table("lanes")
-    )) < 1
-    {
-        assert!(start.elapsed() < Duration::from_secs(20));
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        ],
+    );
+    wait_in_flight(&s, 1);
     // a1 runs; a2 waits behind it (same key): pending, not processing.
     assert_eq!(
         field(
@@ -289,11 +274,7 @@ fn processing_lanes_and_stats_are_derived_from_live_leases() {
             .starts_with("TOTAL    1    0          1           1     0          "),
         "{table}"
     );
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(worker.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    signal(&worker, nix::sys::signal::Signal::SIGTERM);
     worker.wait().unwrap();
     let lanes = stdout(&s.cmd().arg("lanes").output().unwrap());
     assert!(
@@ -388,12 +369,9 @@ fn a_requeue_racing_a_running_worker_loses_nothing_and_runs_nothing_twice() {
     publish(&s, &live);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("handled");
-    let worker = StdCommand::new(assert_cmd::cargo::cargo_bin("relaybus"))
-        .env("RELAYBUS_DATABASE_URL", database_url())
-        .args([
-            "--schema",
-            &s.name,
-            "run",
+    let worker = spawn_worker(
+        &s,
+        &[
             "--handler",
             "h",
             "--exec",
@@ -406,11 +384,8 @@ fn a_requeue_racing_a_running_worker_loses_nothing_and_runs_nothing_twice() {
             "--concurrency",
             "8",
             "--drain",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        ],
+    );
     // Requeue while the worker is busy with the live deliveries.
     while !log.exists() {
         std::thread::sleep(Duration::from_millis(5));

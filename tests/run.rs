@@ -1,8 +1,8 @@
 //! relaybus run: real worker processes, real shell commands, a real HTTP server.
 
 use std::collections::HashMap;
-use std::process::{Child, Command as StdCommand, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command as StdCommand};
+use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
@@ -10,7 +10,9 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::common::http::serve;
-use crate::common::{database_url, stderr, stdout, TestDatabase, TestSchema};
+use crate::common::{
+    signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, TestDatabase, TestSchema,
+};
 
 fn publish(s: &TestSchema, lines: &[String]) {
     let out = s
@@ -25,30 +27,6 @@ fn publish(s: &TestSchema, lines: &[String]) {
 fn event(id: &str, key: Option<&str>, handlers: &[&str], payload: serde_json::Value) -> String {
     serde_json::json!({"id": id, "type": "test.event", "key": key, "handlers": handlers, "payload": payload})
         .to_string()
-}
-
-/// A worker process in the background.
-fn spawn_worker(s: &TestSchema, args: &[&str]) -> Child {
-    StdCommand::new(assert_cmd::cargo::cargo_bin("relaybus"))
-        .env("RELAYBUS_DATABASE_URL", database_url())
-        .args(["--schema", &s.name, "run"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
-fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn signal(child: &Child, sig: nix::sys::signal::Signal) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
 }
 
 /// Table counters of this test's schema, once the server has them all.
@@ -466,16 +444,7 @@ fn a_killed_worker_s_deliveries_are_redelivered_after_its_lease_with_one_attempt
         "--completion-history",
     ];
     let mut victim = spawn_worker(&s, &args);
-    wait_until(
-        "the victim to hold all 12 deliveries",
-        Duration::from_secs(20),
-        || {
-            s.count(&format!(
-                "SELECT coalesce(sum(cardinality(in_flight)), 0) FROM {}",
-                s.table("lanes")
-            )) == 12
-        },
-    );
+    wait_in_flight(&s, 12);
     signal(&victim, nix::sys::signal::Signal::SIGKILL);
     victim.wait().unwrap();
     let mut drain_args = args.to_vec();
@@ -534,16 +503,7 @@ fn graceful_shutdown_releases_without_charging_and_hands_lanes_back() {
             "50ms",
         ],
     );
-    wait_until(
-        "the worker to hold all 4 deliveries",
-        Duration::from_secs(20),
-        || {
-            s.count(&format!(
-                "SELECT coalesce(sum(cardinality(in_flight)), 0) FROM {}",
-                s.table("lanes")
-            )) == 4
-        },
-    );
+    wait_in_flight(&s, 4);
     signal(&worker, nix::sys::signal::Signal::SIGTERM);
     let out = worker.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));

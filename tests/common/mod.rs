@@ -2,9 +2,10 @@
 
 pub mod http;
 
-use std::process::Output;
+use std::process::{Child, Command as StdCommand, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
 use tokio_postgres::{Client, NoTls, Row};
@@ -182,4 +183,41 @@ pub fn stdout(o: &Output) -> String {
 
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A worker process in the background.
+pub fn spawn_worker(s: &TestSchema, args: &[&str]) -> Child {
+    StdCommand::new(assert_cmd::cargo::cargo_bin("relaybus"))
+        .env("RELAYBUS_DATABASE_URL", database_url())
+        .args(["--schema", &s.name, "run"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+pub fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn signal(child: &Child, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
+}
+
+/// Waits until the lanes of `s` list exactly `n` deliveries in flight.
+pub fn wait_in_flight(s: &TestSchema, n: i64) {
+    let sql = format!(
+        "SELECT coalesce(sum(cardinality(in_flight)), 0) FROM {}",
+        s.table("lanes")
+    );
+    wait_until(
+        &format!("{n} deliveries in flight"),
+        Duration::from_secs(20),
+        || s.count(&sql) == n,
+    );
 }
