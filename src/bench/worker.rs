@@ -58,6 +58,11 @@ pub struct WorkerReport {
     pub parses: u64,
     /// Publish call latencies inside the window, microseconds (publishers only).
     pub latencies_us: Vec<u64>,
+    /// How far into the window a floor dispatcher's backlog lasted, when it ran out early: its
+    /// rate is taken over the time it had work, so the floor needs no backlog for the whole
+    /// window.
+    #[serde(default)]
+    pub ran_out_after_us: Option<u64>,
 }
 
 fn now_us() -> u64 {
@@ -412,6 +417,7 @@ async fn floor_dispatch(store: PgStore, plan: WorkerPlan) -> Result<WorkerReport
             r.units_window += deleted;
         }
         if deleted == 0 {
+            r.ran_out_after_us = Some(t.clamp(w.start_us, w.end_us) - w.start_us);
             break;
         }
     }

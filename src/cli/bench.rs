@@ -42,11 +42,15 @@ pub struct BenchArgs {
     /// List the cells and exit.
     #[arg(long)]
     pub list: bool,
+    /// Samples per cell (and per binary with --compare).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub samples: u32,
-    #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
+    /// Work before the window starts, not counted.
+    #[arg(long, default_value = "500ms", value_parser = parse_duration, value_name = "DURATION")]
     pub warmup: Duration,
-    #[arg(long, default_value = "5s", value_parser = parse_duration, value_name = "DURATION")]
+    /// The measured window. The default keeps the quick set to a few minutes; the seed's method
+    /// is --warmup 3s --window 15s.
+    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
     pub window: Duration,
     /// A second relaybus binary to compare with, interleaved sample by sample.
     #[arg(long, value_name = "BINARY")]
