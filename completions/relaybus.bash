@@ -260,7 +260,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__bench__subcmd__worker)
-            opts="-h -V --start-at-ms --warmup-ms --window-ms --index --batch --handlers --keys --config --events --records --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version publish mixed-publish dispatch floor-publish floor-dispatch"
+            opts="-h -V --start-at-ms --warmup-ms --window-ms --index --batch --handlers --keys --config --events --phase --records --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version publish mixed-publish dispatch floor-publish floor-dispatch"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -299,6 +299,10 @@ _relaybus() {
                     return 0
                     ;;
                 --events)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --phase)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

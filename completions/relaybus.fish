@@ -260,9 +260,9 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l no-pre
 complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l cell -d 'Only these cells (repeatable); see --list' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l samples -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l warmup -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l window -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l samples -d 'Samples per cell (and per binary with --compare)' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l warmup -d 'Work before the window starts, not counted' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l window -d 'The measured window. The default keeps the quick set to a few minutes; the seed\'s method is --warmup 3s --window 15s' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l compare -d 'A second relaybus binary to compare with, interleaved sample by sample' -r -F
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l out -d 'Directory for report.md, samples.jsonl and env.json' -r -F
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
@@ -289,6 +289,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l confi
 mid\t''
 tuned\t''"
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l events -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l phase -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l records -r -F
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l schema -d 'Database schema that holds the relaybus tables' -r

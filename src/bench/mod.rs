@@ -555,6 +555,8 @@ impl Coordinator {
                         i.to_string(),
                         "--events".into(),
                         (rate / publishers).to_string(),
+                        "--phase".into(),
+                        (f64::from(i) / f64::from(publishers)).to_string(),
                         "--records".into(),
                         file.display().to_string(),
                     ];
@@ -598,11 +600,16 @@ impl Coordinator {
                 let reports = reports?;
                 tokio::time::sleep(Duration::from_millis(600)).await;
                 let counters = delta(&before, &self.counters(schema).await?);
-                let mut committed: HashMap<String, u64> = HashMap::new();
+                // Commit time of every event, and whether it counts: latencies are those of
+                // events committed inside the window, not of the warm-up's.
+                let mut committed: HashMap<String, (u64, bool)> = HashMap::new();
                 for f in &pub_files {
                     for line in std::fs::read_to_string(f)?.lines() {
-                        let (id, t) = line.split_once('\t').ok_or("bad publisher record")?;
-                        committed.insert(id.to_owned(), t.parse()?);
+                        let p: Vec<&str> = line.split('\t').collect();
+                        let [id, t, in_window] = p[..] else {
+                            return Err("bad publisher record".into());
+                        };
+                        committed.insert(id.to_owned(), (t.parse()?, in_window == "1"));
                     }
                 }
                 let expected: Vec<(String, String, u64)> = committed
@@ -616,7 +623,8 @@ impl Coordinator {
                 for f in &disp_files {
                     for line in std::fs::read_to_string(f)?.lines() {
                         let parts: Vec<&str> = line.split('\t').collect();
-                        if let (Some(c), Ok(t)) = (committed.get(parts[0]), parts[3].parse::<u64>())
+                        if let (Some((c, true)), Ok(t)) =
+                            (committed.get(parts[0]), parts[3].parse::<u64>())
                         {
                             latencies.push(t.saturating_sub(*c));
                         }

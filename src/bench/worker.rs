@@ -45,6 +45,10 @@ pub struct WorkerPlan {
     pub config: Config,
     /// Events per second, for a mixed publisher.
     pub events: u64,
+    /// Where in the interval between its events a mixed publisher starts, as a fraction: the
+    /// publishers of a cell are spread over it, so that together they offer an even stream
+    /// instead of bursts of one event each.
+    pub phase: f64,
     pub records: Option<PathBuf>,
 }
 
@@ -145,13 +149,15 @@ async fn publish(store: PgStore, plan: WorkerPlan) -> Result<WorkerReport, Store
     Ok(report(&store, r))
 }
 
-/// Publishes one event per transaction at a fixed rate and records each commit time.
+/// Publishes one event per transaction at a fixed rate and records each commit time, and
+/// whether the commit fell inside the window.
 async fn mixed_publish(store: PgStore, plan: WorkerPlan) -> Result<WorkerReport, StoreError> {
     let w = plan.window();
     let store = Arc::new(store);
     let committed = Arc::new(Mutex::new(Vec::new()));
     plan.wait_for_start().await;
     let interval = Duration::from_secs_f64(1.0 / plan.events.max(1) as f64);
+    tokio::time::sleep(interval.mul_f64(plan.phase)).await;
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let mut tasks = tokio::task::JoinSet::new();
@@ -177,18 +183,16 @@ async fn mixed_publish(store: PgStore, plan: WorkerPlan) -> Result<WorkerReport,
         done.expect("publish task")?;
     }
     let committed = std::mem::take(&mut *committed.lock().expect("records"));
+    let in_window = |t: u64| t >= w.start_us && t < w.end_us;
     let r = WorkerReport {
         units_total: committed.len() as u64,
-        units_window: committed
-            .iter()
-            .filter(|(_, t)| *t >= w.start_us && *t < w.end_us)
-            .count() as u64,
+        units_window: committed.iter().filter(|(_, t)| in_window(*t)).count() as u64,
         ..Default::default()
     };
     if let Some(path) = &plan.records {
         let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
         for (id, t) in &committed {
-            writeln!(f, "{id}\t{t}").map_err(io)?;
+            writeln!(f, "{id}\t{t}\t{}", u8::from(in_window(*t))).map_err(io)?;
         }
         f.flush().map_err(io)?;
     }

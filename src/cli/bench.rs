@@ -93,6 +93,8 @@ pub struct WorkerArgs {
     pub config: Config,
     #[arg(long, default_value_t = 0)]
     pub events: u64,
+    #[arg(long, default_value_t = 0.0)]
+    pub phase: f64,
     #[arg(long)]
     pub records: Option<PathBuf>,
 }
@@ -109,6 +111,7 @@ pub async fn run_worker(g: &GlobalArgs, out: &Output, a: WorkerArgs) -> Result<E
         keys: a.keys,
         config: a.config,
         events: a.events,
+        phase: a.phase,
         records: a.records,
     };
     let store = g.store(worker::store_options(&plan))?;
