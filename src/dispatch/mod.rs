@@ -20,7 +20,7 @@ use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::handler::{Handler, Outcome};
-use crate::store::{ClaimRequest, ClaimedDelivery, Failure, LeaseToken, Store};
+use crate::store::{ClaimRequest, ClaimedDelivery, Failure, LeaseToken, Store, NOTIFY_INTERVAL};
 use complete::{Completer, Running, RunningGuard};
 pub use report::{LogFormat, Reporter, Summary};
 
@@ -114,6 +114,11 @@ const MAX_CLAIM_BACKOFF: Duration = Duration::from_secs(5);
 /// How long a claim waits for more free slots before it claims a partial batch (plus twice the
 /// completion window, the time deliveries finishing together need to be recorded).
 const CLAIM_LINGER: Duration = Duration::from_millis(2);
+/// A publishing store notifies at most once per NOTIFY_INTERVAL, so under a steady stream an
+/// event can commit just after its store's notification and wait for the next one. For one
+/// such interval after a claim that found work, an empty claim is followed by another after
+/// BUSY_POLL instead of waiting for a wake-up; an idle worker polls at --poll-interval.
+const BUSY_POLL: Duration = Duration::from_millis(2);
 
 struct Context<S> {
     store: Arc<S>,
@@ -182,6 +187,7 @@ pub async fn run<S: Store>(
     let linger = options.completion_window * 2 + CLAIM_LINGER;
     let mut linger_until = None;
     let mut claim_backoff = Duration::from_millis(100);
+    let mut found_work_at = None;
     while *shutdown.borrow() == Shutdown::Running {
         while tasks.try_join_next().is_some() {}
         let free = slots.available_permits();
@@ -283,6 +289,9 @@ pub async fn run<S: Store>(
         } else {
             (new_lanes * 2).clamp(FIRST_NEW_LANES, 256)
         };
+        if got > 0 {
+            found_work_at = Some(tokio::time::Instant::now());
+        }
         if got > 0 || stats.lanes_taken > 0 || !searched {
             continue;
         }
@@ -297,9 +306,15 @@ pub async fn run<S: Store>(
                 ),
             }
         }
+        let busy = found_work_at.is_some_and(|t| t.elapsed() < NOTIFY_INTERVAL);
+        let poll = if busy {
+            BUSY_POLL.min(options.poll_interval)
+        } else {
+            options.poll_interval
+        };
         tokio::select! {
             _ = wake.notified() => {}
-            _ = tokio::time::sleep(options.poll_interval) => {}
+            _ = tokio::time::sleep(poll) => {}
             _ = next_signal(&mut shutdown) => {}
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
         }

@@ -16,6 +16,10 @@ pub use types::*;
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+/// A store sends at most one wake-up notification per interval, after the publishes' commits;
+/// workers know it, so they can tell how long a wake-up may lag behind a commit.
+pub const NOTIFY_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// What every store does. Futures are `Send` so a store can serve many tasks of the dispatcher.
 pub trait Store: Send + Sync + 'static {
     /// The installed schema version, read without writing anything.

@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 pub use conn::{redact_url, ConnectOptions};
 pub use dispatch::ClaimStats;
-pub use notify::NOTIFY_INTERVAL;
 pub use schema::{conversion_script, install_script};
 
 use conn::{Pool, Sql};

@@ -8,8 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::conn::{Pool, Sql};
-
-pub const NOTIFY_INTERVAL: Duration = Duration::from_millis(10);
+use crate::store::NOTIFY_INTERVAL;
 
 /// The channel workers LISTEN on, one per namespace.
 pub(crate) const CHANNEL: &str = "{{schema}}.{{prefix}}wakeup";
