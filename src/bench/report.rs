@@ -98,7 +98,15 @@ pub fn line(s: &Sample) -> String {
     )
 }
 
-/// Ratios of candidate to base, pair by pair, per cell: (cell, ratios).
+/// Whether a sample's CPU spin ran over 1.25 times the quietest of the run, as the seed's method
+/// flags noise.
+pub fn noisy(s: &Sample, samples: &[Sample]) -> bool {
+    let quietest = samples.iter().map(|s| s.spin_ms).fold(f64::MAX, f64::min);
+    s.spin_ms > quietest * 1.25
+}
+
+/// Ratios of candidate to base, pair by pair, per cell: (cell, ratios). A pair with a noisy
+/// sample is left out while at least two clean pairs remain.
 pub fn ratios(samples: &[Sample], base: &str) -> Vec<(String, Vec<f64>)> {
     let mut cells: Vec<String> = samples.iter().map(|s| s.cell.clone()).collect();
     cells.dedup();
@@ -111,7 +119,7 @@ pub fn ratios(samples: &[Sample], base: &str) -> Vec<(String, Vec<f64>)> {
                     .filter(|s| s.cell == cell && (s.binary == base) == is_base)
                     .collect()
             };
-            let pairs = of(true)
+            let pairs: Vec<(f64, bool)> = of(true)
                 .into_iter()
                 .zip(of(false))
                 .filter(|(a, b)| {
@@ -119,9 +127,18 @@ pub fn ratios(samples: &[Sample], base: &str) -> Vec<(String, Vec<f64>)> {
                         .iter()
                         .all(|s| s.exactness.as_ref().is_none_or(|e| e.valid))
                 })
-                .map(|(a, b)| b.throughput / a.throughput.max(1e-9))
+                .map(|(a, b)| {
+                    let clean = !noisy(a, samples) && !noisy(b, samples);
+                    (b.throughput / a.throughput.max(1e-9), clean)
+                })
                 .collect();
-            (cell, pairs)
+            let clean = pairs.iter().filter(|(_, c)| *c).count() >= 2;
+            let kept = pairs
+                .into_iter()
+                .filter(|(_, c)| *c || !clean)
+                .map(|(r, _)| r)
+                .collect();
+            (cell, kept)
         })
         .collect()
 }
@@ -166,7 +183,7 @@ pub fn markdown(opts: &BenchOptions, samples: &[Sample]) -> String {
         };
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {:.3} | {:.0} | {:.2} | {:.3} | {} | {} | {:.0} |",
+            "| {} | {} | {} | {} | {} | {:.3} | {:.0} | {:.2} | {:.3} | {} | {} | {} |",
             s.cell,
             Path::new(&s.binary)
                 .file_name()
@@ -189,7 +206,11 @@ pub fn markdown(opts: &BenchOptions, samples: &[Sample]) -> String {
             s.counters.wal_fpi as f64 / u,
             extra,
             verdict(s),
-            s.spin_ms
+            if noisy(s, samples) {
+                format!("{:.0} (noisy)", s.spin_ms)
+            } else {
+                format!("{:.0}", s.spin_ms)
+            }
         );
     }
     let _ = writeln!(md, "\n## Rows written per unit\n");
@@ -235,4 +256,50 @@ pub fn markdown(opts: &BenchOptions, samples: &[Sample]) -> String {
         }
     }
     md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::Counters;
+
+    fn sample(binary: &str, n: u32, throughput: f64, spin_ms: f64) -> Sample {
+        Sample {
+            cell: "disp-1i-tuned".into(),
+            scenario: "dispatch",
+            binary: binary.into(),
+            sample: n,
+            throughput,
+            floor_throughput: None,
+            units: 1,
+            statements: 0,
+            parses: 0,
+            counters: Counters::default(),
+            call_p50_ms: None,
+            call_p99_ms: None,
+            latency: None,
+            exactness: None,
+            spin_ms,
+        }
+    }
+
+    #[test]
+    fn noisy_pairs_are_left_out_while_two_clean_pairs_remain() {
+        // A, B, then B, A, ... as the bench interleaves them; pair 2 ran on a busy machine.
+        let mut samples = vec![
+            sample("a", 1, 100.0, 40.0),
+            sample("b", 1, 110.0, 41.0),
+            sample("b", 2, 300.0, 60.0),
+            sample("a", 2, 100.0, 40.0),
+            sample("a", 3, 100.0, 42.0),
+            sample("b", 3, 120.0, 40.0),
+        ];
+        let r = ratios(&samples, "a");
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].1, vec![1.1, 1.2]);
+        assert_eq!(median(&r[0].1), Some(1.2));
+        // With only one clean pair left, every pair counts.
+        samples.truncate(4);
+        assert_eq!(ratios(&samples, "a")[0].1, vec![1.1, 3.0]);
+    }
 }

@@ -192,10 +192,9 @@ pub async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<ExitCode>
             }
         }
     }
-    let min_spin = samples.iter().map(|s| s.spin_ms).fold(f64::MAX, f64::min);
     let noisy: Vec<String> = samples
         .iter()
-        .filter(|s| s.spin_ms > min_spin * 1.25)
+        .filter(|s| report::noisy(s, &samples))
         .map(|s| format!("{} #{}", s.cell, s.sample))
         .collect();
     if !noisy.is_empty() && !out.json {
