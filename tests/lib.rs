@@ -2,6 +2,7 @@
 //! default the local server), each test in a schema of its own.
 
 mod admin;
+mod bench;
 mod budget;
 mod cli;
 mod common;

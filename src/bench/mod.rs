@@ -170,6 +170,7 @@ impl Coordinator {
             "wal_level",
             "max_wal_size",
             "max_connections",
+            "jit",
         ] {
             let value: String = self
                 .client

@@ -1,0 +1,117 @@
+//! `relaybus bench` end to end with tiny windows: one cell of each scenario, their exactness
+//! verdicts, the exact row counters of the sample's own schema, and the files of `--out`.
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+use crate::common::{connect, database_url, runtime, stdout};
+
+/// Rows inserted, updated, HOT-updated and deleted in one table during a sample.
+fn rows(sample: &Value, table: &str) -> [u64; 4] {
+    let t = &sample["counters"]["tables"][table];
+    [0, 1, 2, 3].map(|i| t[i].as_u64().unwrap())
+}
+
+#[test]
+fn one_cell_of_each_scenario_is_measured_exactly_and_reported() {
+    let out = tempfile::tempdir().unwrap();
+    let o = Command::cargo_bin("relaybus")
+        .unwrap()
+        .env("RELAYBUS_DATABASE_URL", database_url())
+        .args([
+            "bench",
+            "--cell",
+            "pub-p1-b1",
+            "--cell",
+            "disp-1i-defaults",
+            "--cell",
+            "mixed-1000-defaults",
+            "--warmup",
+            "200ms",
+            "--window",
+            "500ms",
+            "--json",
+            "--out",
+        ])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let samples: Vec<Value> = serde_json::from_str(&stdout(&o)).unwrap();
+    let cells: Vec<&str> = samples
+        .iter()
+        .map(|s| s["cell"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        cells,
+        ["pub-p1-b1", "disp-1i-defaults", "mixed-1000-defaults"]
+    );
+    for s in &samples {
+        assert_eq!(s["exactness"]["valid"], true, "{s}");
+        assert_eq!(s["exactness"]["problems"], serde_json::json!([]), "{s}");
+        assert!(s["throughput"].as_f64().unwrap() > 0.0, "{s}");
+    }
+
+    // Publish: one event row and one delivery row per event, nothing updated or deleted.
+    let publish = &samples[0];
+    let events = publish["units"].as_u64().unwrap();
+    assert_eq!(rows(publish, "events"), [events, 0, 0, 0]);
+    assert_eq!(rows(publish, "deliveries"), [events, 0, 0, 0]);
+    assert!(publish["floor_throughput"].as_f64().unwrap() > 0.0);
+
+    // Dispatch: every handled delivery deleted once, no delivery row updated.
+    let dispatch = &samples[1];
+    let handled = dispatch["units"].as_u64().unwrap();
+    assert_eq!(rows(dispatch, "deliveries"), [0, 0, 0, handled]);
+    assert_eq!(
+        rows(dispatch, "events")[3],
+        0,
+        "events outlive their deliveries"
+    );
+    assert!(dispatch["floor_throughput"].as_f64().unwrap() > 0.0);
+
+    // Mixed: every accepted event written once; what was handled before the window closed was
+    // deleted (the rest is pending, which the exactness check allows here).
+    let mixed = &samples[2];
+    let accepted = mixed["units"].as_u64().unwrap();
+    assert_eq!(rows(mixed, "events")[0], accepted);
+    let [inserted, updated, hot, deleted] = rows(mixed, "deliveries");
+    assert_eq!([inserted, updated, hot], [accepted, 0, 0]);
+    assert!(
+        deleted > 0 && deleted <= accepted,
+        "{deleted} of {accepted}"
+    );
+    let latency = &mixed["latency"];
+    assert!(latency["p50_ms"].as_f64().unwrap() <= latency["p99_ms"].as_f64().unwrap());
+    assert_eq!(mixed["floor_throughput"], Value::Null);
+
+    // The files of --out, one sample per line and a table row per cell.
+    let jsonl = std::fs::read_to_string(out.path().join("samples.jsonl")).unwrap();
+    assert_eq!(jsonl.lines().count(), 3);
+    let report = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    for cell in cells {
+        assert!(
+            report.contains(&format!("| {cell} | relaybus |")),
+            "{report}"
+        );
+    }
+    let env: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("env.json")).unwrap())
+            .unwrap();
+    assert!(
+        env["server"]["server_version"]
+            .as_str()
+            .unwrap()
+            .starts_with("15"),
+        "{env}"
+    );
+
+    // Every sample's schema, and every floor's, is gone.
+    let left = runtime()
+        .block_on(connect().query(
+            "SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'relaybus\\_bench\\_%'",
+            &[],
+        ))
+        .unwrap();
+    assert_eq!(left.len(), 0);
+}
