@@ -103,9 +103,14 @@ impl PgStore {
     /// Creates the store; connections open on first use.
     pub fn new(connect: ConnectOptions, ns: Namespace, options: StoreOptions) -> Self {
         let pool = Arc::new(Pool::new(connect, options.pool_size));
+        // A wake-up lost in a crash only costs latency, so its commit does not wait for the WAL
+        // flush (the setting lasts for this statement's own transaction, also behind a pooler).
         let notify_sql = Sql {
             slot: SLOT_NOTIFY,
-            text: format!("SELECT pg_notify('{}', '')", ns.render(notify::CHANNEL)),
+            text: format!(
+                "SELECT set_config('synchronous_commit', 'off', true), pg_notify('{}', '')",
+                ns.render(notify::CHANNEL)
+            ),
             types: &[] as &[Type],
         };
         Self {
