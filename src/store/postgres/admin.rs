@@ -586,11 +586,12 @@ mod tests {
         }
     }
 
-    /// Every status and filter combination over 100,000 deliveries: which plans scan
-    /// deliveries sequentially. Without a status, a key filter scans (only pending keyed rows
-    /// are indexed); the other status-less listings walk the primary key and stop at the limit.
-    /// The completed rows kept from 0.1 have no index (0.2 deletes completed deliveries), so
-    /// their listing scans unless an event narrows it.
+    /// Every status and filter combination over 100,000 deliveries: no plan scans deliveries
+    /// sequentially. Status-less listings walk the primary key, which is creation order, and
+    /// stop at the limit. Two kinds have no index: a key filter without a status (only pending
+    /// keyed rows are indexed) and the completed rows kept from 0.1 (0.2 deletes completed
+    /// deliveries) unless an event narrows them; since the connections rule sequential scans
+    /// out, they walk the primary key whole, which reads every delivery as a scan would.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn listings_use_indexes_on_a_large_table() {
         let store = large_store("explain_admin", 50_000).await;
@@ -621,15 +622,6 @@ mod tests {
             }
         }
         drop_store(store).await;
-        assert_eq!(
-            scans,
-            [
-                "None/key",
-                "Some(Completed)/none",
-                "Some(Completed)/handler",
-                "Some(Completed)/key",
-                "Some(Completed)/type",
-            ]
-        );
+        assert_eq!(scans, Vec::<String>::new());
     }
 }

@@ -172,14 +172,20 @@ impl Conn {
         if opts.prepared_statements {
             // The statements take arrays and are written for one plan that fits every call;
             // left to choose, the server re-plans the claim on every call (measured: 1.9 ms of
-            // planning against 1.3 ms of execution). A generic plan's estimates know nothing of
-            // the arrays' sizes and can pass jit_above_cost, and then every execution of the
-            // claim compiled its expressions first: 37-40 ms of LLVM emission in a 41 ms claim
-            // (auto_explain), on whichever connections had planned after an autoanalyze.
-            // Unnamed statements are planned per call anyway, and a pooler would leak the
-            // settings to other clients, so they are set only here.
+            // planning against 1.3 ms of execution). A connection keeps the plan it made first,
+            // often on a store that was empty then: there every statement would read its tables
+            // sequentially, and keep doing so over a backlog of millions until an autoanalyze.
+            // Every statement here has an index for its access, so sequential scans are ruled
+            // out. A generic plan's estimates know nothing of the arrays' sizes and can pass
+            // jit_above_cost, and then every execution of the claim compiled its expressions
+            // first: 37-40 ms of LLVM emission in a 41 ms claim (auto_explain). Unnamed
+            // statements are planned per call anyway, and a pooler would leak the settings to
+            // other clients, so they are set only here.
             client
-                .batch_execute("SET plan_cache_mode = force_generic_plan; SET jit = off")
+                .batch_execute(
+                    "SET plan_cache_mode = force_generic_plan; SET jit = off; \
+                     SET enable_seqscan = off",
+                )
                 .await
                 .map_err(|cause| StoreError::Connect {
                     target: opts.target.clone(),
@@ -323,14 +329,16 @@ mod tests {
     use super::*;
     use crate::store::postgres::testing::database_url;
 
-    /// Prepared connections plan generically with JIT off; unnamed-statement connections (the
-    /// pooler mode) keep the server's settings, since a pooler would hand them to other clients.
+    /// Prepared connections plan generically, without sequential scans or JIT; unnamed-statement
+    /// connections (the pooler mode) keep the server's settings, since a pooler would hand them
+    /// to other clients.
     #[tokio::test]
     async fn session_settings_follow_the_statement_mode() {
-        async fn settings(client: &Client) -> (String, String) {
-            let sql = "SELECT current_setting('jit'), current_setting('plan_cache_mode')";
+        async fn settings(client: &Client) -> Vec<String> {
+            let sql = "SELECT current_setting('plan_cache_mode'), current_setting('jit'), \
+                              current_setting('enable_seqscan')";
             let row = client.query_one(sql, &[]).await.unwrap();
-            (row.get(0), row.get(1))
+            (0..3).map(|i| row.get(i)).collect()
         }
         let url = database_url();
         let mut seen = vec![];
@@ -343,15 +351,9 @@ mod tests {
         let (client, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
         tokio::spawn(connection);
         let server = settings(&client).await;
-        assert_eq!(
-            server,
-            ("on".into(), "auto".into()),
-            "the test server's defaults"
-        );
-        assert_eq!(
-            seen,
-            vec![("off".into(), "force_generic_plan".into()), server]
-        );
+        assert_eq!(server, ["auto", "on", "on"], "the test server's defaults");
+        assert_eq!(seen[0], ["force_generic_plan", "off", "off"]);
+        assert_eq!(seen[1], server);
     }
 
     #[test]

@@ -343,16 +343,4 @@ pub(crate) mod testing {
             .collect::<Vec<_>>()
             .join("\n")
     }
-
-    /// The estimated total cost of a plan's top node.
-    pub fn cost(plan: &str) -> f64 {
-        let first = plan.lines().next().unwrap_or("");
-        first
-            .split("cost=")
-            .nth(1)
-            .and_then(|c| c.split("..").nth(1))
-            .and_then(|c| c.split(' ').next())
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(f64::MAX)
-    }
 }
