@@ -43,8 +43,10 @@ use crate::store::{ClaimRequest, ClaimedDelivery, Failure, LeaseToken, Result, S
 /// batch + 100 due rows of the lane: no index holds unkeyed rows alone, and walking a hot key's
 /// backlog on every claim cost 55 ms. The price: an unkeyed delivery waits while more than that
 /// many older keyed deliveries are queued ahead of it in its lane. Lanes that run nothing and got
-/// nothing are handed back in the same write. The result always has one row, carrying the
-/// takeover counts, with NULL delivery columns when nothing was picked.
+/// nothing are handed back in the same write. The lanes written are also named as an index
+/// condition: with sequential scans ruled out, the join otherwise walked all 256 lanes through
+/// the index (4 and 8 processes dispatched 12-15% slower). The result always has one row,
+/// carrying the takeover counts, with NULL delivery columns when nothing was picked.
 pub(crate) const CLAIM: &str = r#"
 WITH held AS (
   SELECT l.lane, l.epoch, l.in_flight FROM "{{schema}}"."{{prefix}}lanes" l
@@ -131,7 +133,7 @@ WITH held AS (
                                  THEN now() + $2::float8 * interval '1 millisecond' END,
          in_flight = m.running || coalesce(p.ids, '{}')
     FROM mine m LEFT JOIN picks p USING (lane)
-   WHERE l.lane = m.lane
+   WHERE l.lane = m.lane AND l.lane = ANY (ARRAY(SELECT lane FROM mine))
      AND (m.takeover OR p.ids IS NOT NULL OR (NOT m.fresh AND cardinality(m.running) = 0))
   RETURNING l.lane, l.epoch
 )
