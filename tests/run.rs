@@ -139,7 +139,7 @@ fn three_workers_handle_3000_deliveries_exactly_once_in_key_order() {
 }
 
 #[test]
-fn the_happy_path_writes_no_delivery_row_and_only_hot_lane_updates() {
+fn the_happy_path_writes_no_delivery_row_and_hot_lane_updates() {
     let db = TestDatabase::new("hot");
     let s = TestSchema::in_database("run_counters", &db.url);
     s.cmd().arg("setup").assert().success();
@@ -183,7 +183,14 @@ fn the_happy_path_writes_no_delivery_row_and_only_hot_lane_updates() {
     assert_eq!(deliveries, (200, 0, 0, 200));
     let (_, upd, hot, del) = table_stats(&s, "lanes");
     assert!(upd > 0);
-    assert_eq!((hot, del), (upd, 0));
+    assert_eq!(del, 0);
+    // Every lane update is eligible for HOT (no indexed column changes). Whether the new version
+    // fits its page depends on pruning, which needs a cleanup lock that the worker's own
+    // concurrent statements can hold: about one run in thirty had one update that was not HOT.
+    assert!(
+        upd - hot <= upd / 100,
+        "{hot} of {upd} lane updates were HOT"
+    );
 }
 
 /// Zero retry delay makes every failure race the next claim of its lane: a claim whose snapshot
