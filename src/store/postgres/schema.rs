@@ -45,6 +45,11 @@ pub fn install_script(ns: &Namespace) -> String {
 }
 
 /// The 0.1 -> 0.2 conversion script, followed by the install script it ends with.
+/// Setup, the conversion and its plan read and rewrite whole tables, for which a sequential scan
+/// is the right plan; prepared connections rule sequential scans out for the delivery path's
+/// statements, and would otherwise walk every index instead.
+const WHOLE_TABLE_SCANS: &str = "SET LOCAL enable_seqscan = on";
+
 pub fn conversion_script(ns: &Namespace) -> String {
     header(ns, "in-place conversion from 0.1")
         + &ns.render(PRELUDE)
@@ -167,9 +172,11 @@ impl PgStore {
             .await
             .map_err(StoreError::db("could not begin a transaction"))?;
         let timeout_ms = self.pool.options().lock_timeout.as_millis().max(1);
-        tx.batch_execute(&format!("SET LOCAL lock_timeout = {timeout_ms}"))
-            .await
-            .map_err(StoreError::db("could not set the lock timeout"))?;
+        tx.batch_execute(&format!(
+            "SET LOCAL lock_timeout = {timeout_ms}; {WHOLE_TABLE_SCANS}"
+        ))
+        .await
+        .map_err(StoreError::db("could not set the lock timeout"))?;
         tx.execute(
             "SELECT pg_advisory_xact_lock($1)",
             &[&setup_lock_key(&self.ns)],
@@ -306,6 +313,9 @@ impl PgStore {
             .start()
             .await
             .map_err(StoreError::db("could not begin a read-only transaction"))?;
+        tx.batch_execute(WHOLE_TABLE_SCANS)
+            .await
+            .map_err(StoreError::db("could not allow sequential scans"))?;
         let found = self.detect(&tx).await?;
         let mut plan = UpgradePlan {
             found: found.clone(),
@@ -460,6 +470,31 @@ impl PgStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::postgres::testing::{drop_store, large_store};
+
+    /// The session rules sequential scans out for the delivery path; the setup transaction, which
+    /// reads whole tables, allows them again, and only for itself.
+    #[tokio::test]
+    async fn setup_transactions_allow_sequential_scans() {
+        let store = large_store("setup_scans", 0).await;
+        let mut conn = store.pool.get().await.unwrap();
+        let setting = "SELECT current_setting('enable_seqscan')";
+        let mut seen = vec![];
+        {
+            let tx = store.begin_locked(&mut conn.client).await.unwrap();
+            seen.push(
+                tx.query_one(setting, &[])
+                    .await
+                    .unwrap()
+                    .get::<_, String>(0),
+            );
+            tx.rollback().await.unwrap();
+        }
+        seen.push(conn.client.query_one(setting, &[]).await.unwrap().get(0));
+        drop(conn);
+        drop_store(store).await;
+        assert_eq!(seen, ["on", "off"]);
+    }
 
     #[test]
     fn steps_come_from_the_script() {
