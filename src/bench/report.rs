@@ -98,11 +98,10 @@ pub fn line(s: &Sample) -> String {
     )
 }
 
-/// Whether a sample's CPU spin ran over 1.25 times the quietest of the run, as the seed's method
-/// flags noise.
-pub fn noisy(s: &Sample, samples: &[Sample]) -> bool {
-    let quietest = samples.iter().map(|s| s.spin_ms).fold(f64::MAX, f64::min);
-    s.spin_ms > quietest * 1.25
+/// The CPU-spin time over which a sample is noisy: 1.25 times the quietest of the run, as the
+/// seed's method flags noise.
+pub fn noise_limit(samples: &[Sample]) -> f64 {
+    samples.iter().map(|s| s.spin_ms).fold(f64::MAX, f64::min) * 1.25
 }
 
 /// Ratios of candidate to base, pair by pair, per cell: (cell, ratios). A pair with a noisy
@@ -119,6 +118,7 @@ pub fn ratios(samples: &[Sample], base: &str) -> Vec<(String, Vec<f64>)> {
                     .filter(|s| s.cell == cell && (s.binary == base) == is_base)
                     .collect()
             };
+            let limit = noise_limit(samples);
             let pairs: Vec<(f64, bool)> = of(true)
                 .into_iter()
                 .zip(of(false))
@@ -128,7 +128,7 @@ pub fn ratios(samples: &[Sample], base: &str) -> Vec<(String, Vec<f64>)> {
                         .all(|s| s.exactness.as_ref().is_none_or(|e| e.valid))
                 })
                 .map(|(a, b)| {
-                    let clean = !noisy(a, samples) && !noisy(b, samples);
+                    let clean = a.spin_ms <= limit && b.spin_ms <= limit;
                     (b.throughput / a.throughput.max(1e-9), clean)
                 })
                 .collect();
@@ -151,6 +151,7 @@ pub fn median(v: &[f64]) -> Option<f64> {
 
 /// `report.md`: one table of throughput and the counters per unit, then the comparison.
 pub fn markdown(opts: &BenchOptions, samples: &[Sample]) -> String {
+    let limit = noise_limit(samples);
     let mut md = String::new();
     let _ = writeln!(md, "# relaybus bench\n");
     let _ = writeln!(
@@ -206,7 +207,7 @@ pub fn markdown(opts: &BenchOptions, samples: &[Sample]) -> String {
             s.counters.wal_fpi as f64 / u,
             extra,
             verdict(s),
-            if noisy(s, samples) {
+            if s.spin_ms > limit {
                 format!("{:.0} (noisy)", s.spin_ms)
             } else {
                 format!("{:.0}", s.spin_ms)

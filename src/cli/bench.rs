@@ -192,9 +192,10 @@ pub async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<ExitCode>
             }
         }
     }
+    let limit = report::noise_limit(&samples);
     let noisy: Vec<String> = samples
         .iter()
-        .filter(|s| report::noisy(s, &samples))
+        .filter(|s| s.spin_ms > limit)
         .map(|s| format!("{} #{}", s.cell, s.sample))
         .collect();
     if !noisy.is_empty() && !out.json {
