@@ -260,56 +260,12 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__bench__subcmd__worker)
-            opts="-h -V --start-at-ms --warmup-ms --window-ms --index --batch --handlers --keys --config --events --phase --records --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version publish mixed-publish dispatch floor-publish floor-dispatch"
+            opts="-h -V --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
-                --start-at-ms)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --warmup-ms)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --window-ms)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --index)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --batch)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --handlers)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --keys)
-                    COMPREPLY=($(compgen -W "none distinct hot10 hot1" -- "${cur}"))
-                    return 0
-                    ;;
-                --config)
-                    COMPREPLY=($(compgen -W "defaults mid tuned" -- "${cur}"))
-                    return 0
-                    ;;
-                --events)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --phase)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --records)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0

@@ -45,7 +45,7 @@ complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "lanes" -d 'Show t
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "stats" -d 'Per handler: due, scheduled, processing, dead, completed and the lag (age of the oldest due delivery)'
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "completions" -d 'Print a shell completion script.'
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "bench" -d 'Measure publish and dispatch throughput, mixed-load latency and the database\'s counters.'
-complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "bench-worker" -d 'One process of a benchmark (started by `relaybus bench`)'
+complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "bench-worker" -d 'One process of a benchmark, started by `relaybus bench` with its plan as JSON on stdin'
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l schema -d 'Database schema that holds the relaybus tables' -r
@@ -275,29 +275,13 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l json -d 'Pri
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -s V -l version -d 'Print version'
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l start-at-ms -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l warmup-ms -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l window-ms -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l index -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l batch -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l handlers -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l keys -r -f -a "none\t'No ordering key'
-distinct\t'1,000 distinct keys'
-hot10\t'10 hot keys'
-hot1\t'One key for everything'"
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l config -r -f -a "defaults\t''
-mid\t''
-tuned\t''"
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l events -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l phase -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l records -r -F
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq\'s defaults' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l schema -d 'Database schema that holds the relaybus tables' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -s h -l help -d 'Print help'
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "setup" -d 'Install the store, or bring it to the current schema in place'
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "schema-sql" -d 'Print the schema as SQL for your own migration tool (Flyway, Atlas, sqitch, a DBA).'
@@ -312,7 +296,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_s
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "stats" -d 'Per handler: due, scheduled, processing, dead, completed and the lag (age of the oldest due delivery)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "completions" -d 'Print a shell completion script.'
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "bench" -d 'Measure publish and dispatch throughput, mixed-load latency and the database\'s counters.'
-complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "bench-worker" -d 'One process of a benchmark (started by `relaybus bench`)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "bench-worker" -d 'One process of a benchmark, started by `relaybus bench` with its plan as JSON on stdin'
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and __fish_seen_subcommand_from deliveries" -f -a "list" -d 'List deliveries in creation order (completed ones newest first)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and __fish_seen_subcommand_from deliveries" -f -a "show" -d 'Show one delivery: its state, attempts, last error, lane and lease'

@@ -19,7 +19,7 @@ use serde::Serialize;
 use tokio_postgres::Client;
 
 use cells::{Cell, Config, Keys};
-use worker::WorkerReport;
+use worker::{Role, StoreTarget, WorkerPlan, WorkerReport};
 
 use crate::store::postgres::ConnectOptions;
 use crate::store::StoreError;
@@ -258,22 +258,26 @@ impl Coordinator {
         cmd
     }
 
-    /// Starts `bench-worker` processes and collects their reports.
+    /// Starts one `bench-worker` process per plan, hands each its plan on stdin, and collects
+    /// their reports.
     async fn workers(
         &self,
         binary: &Path,
-        schema: &str,
-        runs: Vec<Vec<String>>,
+        plans: Vec<WorkerPlan>,
     ) -> Result<Vec<WorkerReport>, Error> {
+        use tokio::io::AsyncWriteExt;
         let mut children = vec![];
-        for args in runs {
-            let child = self
-                .command(binary, schema)
+        for plan in plans {
+            let mut child = tokio::process::Command::new(binary)
                 .arg("bench-worker")
-                .args(&args)
+                .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
+                .kill_on_drop(true)
                 .spawn()?;
+            let mut stdin = child.stdin.take().expect("stdin is piped");
+            stdin.write_all(&serde_json::to_vec(&plan)?).await?;
+            drop(stdin);
             children.push(child);
         }
         let mut reports = vec![];
@@ -291,45 +295,51 @@ impl Coordinator {
         Ok(reports)
     }
 
-    /// The command lines of a cell's publishers (or of its floor), all with one start time.
+    /// The plans of a cell's publishers (or of its floor), all with one start time.
     fn publishers(
         &self,
-        role: &str,
+        role: Role,
+        schema: &str,
         publishers: u32,
         batch: u32,
         handlers: u32,
         keys: Keys,
-    ) -> Vec<Vec<String>> {
-        let timing = self.timing();
+    ) -> Vec<WorkerPlan> {
+        let base = self.plan(role, schema);
         (0..publishers)
-            .map(|i| {
-                let mut a = vec![
-                    role.to_owned(),
-                    "--index".into(),
-                    i.to_string(),
-                    "--batch".into(),
-                    batch.to_string(),
-                    "--handlers".into(),
-                    handlers.to_string(),
-                    "--keys".into(),
-                    keys_arg(keys),
-                ];
-                a.extend(timing.iter().cloned());
-                a
+            .map(|index| WorkerPlan {
+                index,
+                batch,
+                handlers,
+                keys,
+                ..base.clone()
             })
             .collect()
     }
 
-    fn timing(&self) -> Vec<String> {
-        let start = now_ms() + 700;
-        vec![
-            "--start-at-ms".into(),
-            start.to_string(),
-            "--warmup-ms".into(),
-            self.opts.warmup.as_millis().to_string(),
-            "--window-ms".into(),
-            self.opts.window.as_millis().to_string(),
-        ]
+    /// A worker plan for one sample of this run, starting a moment from now (every plan of a
+    /// cell is cloned from one, so their windows line up).
+    fn plan(&self, role: Role, schema: &str) -> WorkerPlan {
+        WorkerPlan {
+            target: StoreTarget {
+                database_url: self.opts.database_url.clone(),
+                schema: schema.to_owned(),
+                prefix: "relaybus_".into(),
+                prepared_statements: true,
+            },
+            role,
+            start_at_ms: now_ms() + 700,
+            warmup: self.opts.warmup,
+            window: self.opts.window,
+            index: 0,
+            batch: 1,
+            handlers: 1,
+            keys: Keys::None,
+            config: Config::Defaults,
+            events: 0,
+            phase: 0.0,
+            records: None,
+        }
     }
 
     async fn drop_schema(&self, schema: &str) -> Result<(), Error> {
@@ -485,8 +495,9 @@ impl Coordinator {
                 keys,
             } => {
                 let before = self.counters(schema).await?;
-                let runs = self.publishers("publish", publishers, batch, handlers, keys);
-                let reports = self.workers(binary, schema, runs).await?;
+                let plans =
+                    self.publishers(Role::Publish, schema, publishers, batch, handlers, keys);
+                let reports = self.workers(binary, plans).await?;
                 tokio::time::sleep(Duration::from_millis(600)).await;
                 let counters = delta(&before, &self.counters(schema).await?);
                 let published: u64 = reports.iter().map(|r| r.units_total).sum();
@@ -526,26 +537,23 @@ impl Coordinator {
                 let events = self.backlog(processes, handlers, config.ceiling());
                 self.preload(schema, events, handlers, keys, true).await?;
                 let before = self.counters(schema).await?;
-                let timing = self.timing();
+                let base = WorkerPlan {
+                    config,
+                    handlers,
+                    ..self.plan(Role::Dispatch, schema)
+                };
                 let mut files = vec![];
-                let runs = (0..processes)
+                let plans = (0..processes)
                     .map(|i| {
                         let file = self.dir.path().join(format!("{schema}-d{i}"));
                         files.push(file.clone());
-                        let mut a = vec![
-                            "dispatch".to_owned(),
-                            "--config".into(),
-                            config_arg(config),
-                            "--handlers".into(),
-                            handlers.to_string(),
-                            "--records".into(),
-                            file.display().to_string(),
-                        ];
-                        a.extend(timing.clone());
-                        a
+                        WorkerPlan {
+                            records: Some(file),
+                            ..base.clone()
+                        }
                     })
                     .collect();
-                let reports = self.workers(binary, schema, runs).await?;
+                let reports = self.workers(binary, plans).await?;
                 tokio::time::sleep(Duration::from_millis(600)).await;
                 let counters = delta(&before, &self.counters(schema).await?);
                 let expected: Vec<(String, String, u64)> = (0..events)
@@ -558,41 +566,30 @@ impl Coordinator {
             }
             Cell::Mixed { rate, config } => {
                 let before = self.counters(schema).await?;
-                let timing = self.timing();
+                let base = self.plan(Role::MixedPublish, schema);
                 let publishers = 4u32;
                 let mut pub_files = vec![];
                 let mut disp_files = vec![];
-                let mut runs = vec![];
+                let mut plans = vec![];
                 for i in 0..publishers {
                     let file = self.dir.path().join(format!("{schema}-p{i}"));
                     pub_files.push(file.clone());
-                    let mut a = vec![
-                        "mixed-publish".to_owned(),
-                        "--index".into(),
-                        i.to_string(),
-                        "--events".into(),
-                        (rate / publishers).to_string(),
-                        "--phase".into(),
-                        (f64::from(i) / f64::from(publishers)).to_string(),
-                        "--records".into(),
-                        file.display().to_string(),
-                    ];
-                    a.extend(timing.clone());
-                    runs.push(a);
+                    plans.push(WorkerPlan {
+                        index: i,
+                        events: u64::from(rate / publishers),
+                        phase: f64::from(i) / f64::from(publishers),
+                        records: Some(file),
+                        ..base.clone()
+                    });
                 }
                 let file = self.dir.path().join(format!("{schema}-d0"));
                 disp_files.push(file.clone());
-                let mut a = vec![
-                    "dispatch".to_owned(),
-                    "--config".into(),
-                    config_arg(config),
-                    "--handlers".into(),
-                    "1".into(),
-                    "--records".into(),
-                    file.display().to_string(),
-                ];
-                a.extend(timing.clone());
-                runs.push(a);
+                plans.push(WorkerPlan {
+                    role: Role::Dispatch,
+                    config,
+                    records: Some(file),
+                    ..base
+                });
                 // The largest backlog, sampled while the workers run.
                 let client = &self.client;
                 let query = format!(
@@ -612,8 +609,7 @@ impl Coordinator {
                     }
                     max
                 };
-                let (reports, max_backlog) =
-                    tokio::join!(self.workers(binary, schema, runs), watch);
+                let (reports, max_backlog) = tokio::join!(self.workers(binary, plans), watch);
                 let reports = reports?;
                 tokio::time::sleep(Duration::from_millis(600)).await;
                 let counters = delta(&before, &self.counters(schema).await?);
@@ -768,13 +764,20 @@ impl Coordinator {
     async fn floor(&mut self, cell: Cell, binary: &Path) -> Result<f64, Error> {
         let schema = self.fresh_schema(binary).await?;
         let own = std::env::current_exe()?;
-        let runs: Vec<Vec<String>> = match cell {
+        let plans: Vec<WorkerPlan> = match cell {
             Cell::Publish {
                 publishers,
                 batch,
                 handlers,
                 keys,
-            } => self.publishers("floor-publish", publishers, batch, handlers, keys),
+            } => self.publishers(
+                Role::FloorPublish,
+                &schema,
+                publishers,
+                batch,
+                handlers,
+                keys,
+            ),
             Cell::Dispatch {
                 processes,
                 config,
@@ -783,22 +786,15 @@ impl Coordinator {
             } => {
                 let events = self.backlog(processes, handlers, config.ceiling());
                 self.preload(&schema, events, handlers, keys, false).await?;
-                let timing = self.timing();
-                (0..processes)
-                    .map(|_| {
-                        let mut a = vec![
-                            "floor-dispatch".to_owned(),
-                            "--config".into(),
-                            config_arg(config),
-                        ];
-                        a.extend(timing.clone());
-                        a
-                    })
-                    .collect()
+                let base = WorkerPlan {
+                    config,
+                    ..self.plan(Role::FloorDispatch, &schema)
+                };
+                vec![base; processes as usize]
             }
             Cell::Mixed { .. } => vec![],
         };
-        let reports = self.workers(&own, &schema, runs).await;
+        let reports = self.workers(&own, plans).await;
         self.drop_schema(&schema).await?;
         let window = self.opts.window.as_micros() as f64;
         Ok(reports?
@@ -813,20 +809,6 @@ impl Coordinator {
     pub fn options(&self) -> &BenchOptions {
         &self.opts
     }
-}
-
-fn keys_arg(k: Keys) -> String {
-    match k {
-        Keys::None => "none",
-        Keys::Distinct => "distinct",
-        Keys::Hot10 => "hot10",
-        Keys::Hot1 => "hot1",
-    }
-    .into()
-}
-
-fn config_arg(c: Config) -> String {
-    format!("{c:?}").to_lowercase()
 }
 
 fn delta(before: &Counters, after: &Counters) -> Counters {

@@ -20,7 +20,8 @@ use crate::store::lane::lane_of;
 use crate::store::postgres::{ConnectOptions, PgStore, StoreOptions};
 use crate::store::{ClaimedDelivery, NewEvent, Store, StoreError};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Role {
     Publish,
     MixedPublish,
@@ -29,9 +30,22 @@ pub enum Role {
     FloorDispatch,
 }
 
-/// What one worker process does, resolved from its command line.
-#[derive(Clone, Debug)]
+/// The store a worker connects to: the coordinator's global options, so `--prefix` and the
+/// statement mode reach every process.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StoreTarget {
+    /// None: the libpq variables the worker inherits.
+    pub database_url: Option<String>,
+    pub schema: String,
+    pub prefix: String,
+    pub prepared_statements: bool,
+}
+
+/// What one worker process does. The coordinator writes it as JSON to the worker's stdin (never
+/// in its command line, where a password in the URL would be visible to every user).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WorkerPlan {
+    pub target: StoreTarget,
     pub role: Role,
     /// Unix milliseconds at which the warm-up starts; the window follows it.
     pub start_at_ms: u64,

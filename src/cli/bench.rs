@@ -9,10 +9,11 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 
 use super::{parse_duration, GlobalArgs, Output};
-use crate::bench::cells::{presets, Config, Keys};
-use crate::bench::worker::{self, Role, WorkerPlan};
+use crate::bench::cells::presets;
+use crate::bench::worker::{self, WorkerPlan};
 use crate::bench::{report, BenchOptions, Coordinator};
-use crate::store::postgres::ConnectOptions;
+use crate::store::postgres::{ConnectOptions, PgStore};
+use crate::store::Namespace;
 
 /// Measure publish and dispatch throughput, mixed-load latency and the database's counters.
 ///
@@ -70,51 +71,20 @@ pub enum Scenario {
     Mixed,
 }
 
-/// One process of a benchmark (started by `relaybus bench`).
+/// One process of a benchmark, started by `relaybus bench` with its plan as JSON on stdin.
 #[derive(Debug, Args)]
-pub struct WorkerArgs {
-    #[arg(value_enum)]
-    pub role: Role,
-    #[arg(long, default_value_t = 0)]
-    pub start_at_ms: u64,
-    #[arg(long, default_value_t = 0)]
-    pub warmup_ms: u64,
-    #[arg(long, default_value_t = 0)]
-    pub window_ms: u64,
-    #[arg(long, default_value_t = 0)]
-    pub index: u32,
-    #[arg(long, default_value_t = 1)]
-    pub batch: u32,
-    #[arg(long, default_value_t = 1)]
-    pub handlers: u32,
-    #[arg(long, value_enum, default_value_t = Keys::None)]
-    pub keys: Keys,
-    #[arg(long, value_enum, default_value_t = Config::Defaults)]
-    pub config: Config,
-    #[arg(long, default_value_t = 0)]
-    pub events: u64,
-    #[arg(long, default_value_t = 0.0)]
-    pub phase: f64,
-    #[arg(long)]
-    pub records: Option<PathBuf>,
-}
+pub struct WorkerArgs {}
 
-pub async fn run_worker(g: &GlobalArgs, out: &Output, a: WorkerArgs) -> Result<ExitCode> {
-    let plan = WorkerPlan {
-        role: a.role,
-        start_at_ms: a.start_at_ms,
-        warmup: Duration::from_millis(a.warmup_ms),
-        window: Duration::from_millis(a.window_ms),
-        index: a.index,
-        batch: a.batch,
-        handlers: a.handlers,
-        keys: a.keys,
-        config: a.config,
-        events: a.events,
-        phase: a.phase,
-        records: a.records,
-    };
-    let store = g.store(worker::store_options(&plan))?;
+pub async fn run_worker(out: &Output) -> Result<ExitCode> {
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+        .context("could not read the worker plan from stdin")?;
+    let plan: WorkerPlan = serde_json::from_str(&text).context("invalid worker plan on stdin")?;
+    let t = &plan.target;
+    let ns = Namespace::new(&t.schema, &t.prefix)?;
+    let config = ConnectOptions::resolve(t.database_url.as_deref())?;
+    let connect = ConnectOptions::new(config, t.prepared_statements, Duration::from_secs(10));
+    let store = PgStore::new(connect, ns, worker::store_options(&plan));
     let report = worker::run(store, plan).await?;
     out.line(serde_json::to_string(&report)?)?;
     Ok(ExitCode::SUCCESS)

@@ -145,6 +145,6 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Stats(args) => lanes::run_stats(g, &out, args).await,
         Command::Completions(args) => generate::run(g, &out, args),
         Command::Bench(args) => bench::run(g, &out, args).await,
-        Command::BenchWorker(args) => bench::run_worker(g, &out, args).await,
+        Command::BenchWorker(_) => bench::run_worker(&out).await,
     }
 }
