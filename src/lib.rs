@@ -2,8 +2,12 @@
 //! (`store`), the dispatcher (`dispatch`) and its handlers (`handler`), and the benchmark
 //! harness (`bench`); `cli` is the thin command-line layer over them.
 
+#![warn(unreachable_pub)]
+
+pub mod backoff;
 pub mod bench;
 pub mod cli;
+pub mod config;
 pub mod dispatch;
 pub mod handler;
 pub mod store;

@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::common::{signal, spawn_worker, stderr, stdout, wait_in_flight, TestSchema};
+use crate::common::{
+    finish, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, TestSchema,
+};
 
 fn publish(s: &TestSchema, events: &[Value]) {
     let lines: Vec<String> = events.iter().map(|e| e.to_string()).collect();
@@ -189,7 +191,7 @@ fn processing_lanes_and_stats_are_derived_from_live_leases() {
     );
     bury(&s, "other", "nope");
     let marker = format!("{}.{}", 400 + std::process::id() % 100, std::process::id());
-    let mut worker = spawn_worker(
+    let worker = spawn_worker(
         &s,
         &[
             "--handler",
@@ -275,7 +277,7 @@ fn processing_lanes_and_stats_are_derived_from_live_leases() {
         "{table}"
     );
     signal(&worker, nix::sys::signal::Signal::SIGTERM);
-    worker.wait().unwrap();
+    finish(worker, Duration::from_secs(30));
     let lanes = stdout(&s.cmd().arg("lanes").output().unwrap());
     assert!(
         lanes.ends_with("0 lanes held by 0 owners, 0 expired leases\n"),
@@ -387,15 +389,17 @@ fn a_requeue_racing_a_running_worker_loses_nothing_and_runs_nothing_twice() {
         ],
     );
     // Requeue while the worker is busy with the live deliveries.
-    while !log.exists() {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until(
+        "the worker's first delivery",
+        Duration::from_secs(20),
+        || log.exists(),
+    );
     s.cmd()
         .args(["dead", "requeue", "--all", "--yes"])
         .assert()
         .success()
         .stdout("requeued 40 of 40 matching dead deliveries\n");
-    let out = worker.wait_with_output().unwrap();
+    let out = finish(worker, Duration::from_secs(60));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
         stdout(&out),

@@ -1,7 +1,8 @@
 //! `relaybus bench` end to end with tiny windows: one cell of each scenario, their exactness
 //! verdicts, the exact row counters of the sample's own schema, and the files of `--out`.
 
-use assert_cmd::Command;
+use std::time::Duration;
+
 use serde_json::Value;
 
 use crate::common::{connect, database_url, runtime, stdout};
@@ -15,8 +16,8 @@ fn rows(sample: &Value, table: &str) -> [u64; 4] {
 #[test]
 fn one_cell_of_each_scenario_is_measured_exactly_and_reported() {
     let out = tempfile::tempdir().unwrap();
-    let o = Command::cargo_bin("relaybus")
-        .unwrap()
+    let o = crate::common::relaybus()
+        .timeout(Duration::from_secs(300))
         .env("RELAYBUS_DATABASE_URL", database_url())
         .args([
             "bench",

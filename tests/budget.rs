@@ -1,23 +1,24 @@
 //! Budgets on exact counters (issue: the measured truth). These depend on the code, not on the
 //! machine: a change that makes one worse fails here.
 
-use std::time::Duration;
+use relaybus::store::{AnyStore, ClientCounts, NewEvent, Store, StoreOptions};
 
-use relaybus::store::postgres::{ConnectOptions, PgStore, StoreOptions};
-use relaybus::store::{Namespace, NewEvent, Store};
+use crate::common::{open_store, runtime, TestDatabase, TestSchema};
 
-use crate::common::{runtime, TestDatabase, TestSchema};
-
-fn store(s: &TestSchema, url: &str) -> PgStore {
-    let config = ConnectOptions::resolve(Some(url)).unwrap();
-    PgStore::new(
-        ConnectOptions::new(config, true, Duration::from_secs(10)),
-        Namespace::new(&s.name, "relaybus_").unwrap(),
+/// A publisher on one connection, sending no wake-ups.
+fn store(s: &TestSchema) -> AnyStore {
+    open_store(
+        s,
         StoreOptions {
             pool_size: 1,
             notify: false,
+            ..StoreOptions::publisher()
         },
     )
+}
+
+fn counts(statements: u64, parses: u64) -> ClientCounts {
+    ClientCounts { statements, parses }
 }
 
 /// The benchmark's event: 160 bytes of payload, one handler.
@@ -38,21 +39,21 @@ fn event(n: usize) -> NewEvent {
 #[test]
 fn a_single_publish_is_one_statement_parsed_once() {
     let s = TestSchema::installed("budget_stmts");
-    let store = store(&s, &crate::common::database_url());
+    let store = store(&s);
     runtime().block_on(store.publish(&[event(0)])).unwrap();
-    assert_eq!(store.statement_counts(), (1, 1), "(statements, parses)");
+    assert_eq!(store.client_counts(), counts(1, 1));
     for n in 1..=100 {
         runtime().block_on(store.publish(&[event(n)])).unwrap();
     }
-    assert_eq!(store.statement_counts(), (101, 1), "(statements, parses)");
+    assert_eq!(store.client_counts(), counts(101, 1));
     let keyed = NewEvent {
         key: Some("k".into()),
         ..event(101)
     };
     runtime().block_on(store.publish(&[keyed])).unwrap();
     assert_eq!(
-        store.statement_counts(),
-        (102, 1),
+        store.client_counts(),
+        counts(102, 1),
         "a keyed publish is the same statement"
     );
 }
@@ -66,7 +67,7 @@ fn wal_per_published_event_is_within_the_seed_budget() {
     let s = TestSchema::in_database("budget_wal", &db.url);
     s.cmd().arg("setup").assert().success();
     s.exec("CREATE EXTENSION IF NOT EXISTS pg_walinspect");
-    let store = store(&s, &db.url);
+    let store = store(&s);
     runtime().block_on(store.publish(&[event(0)])).unwrap();
     let start: String = s.query("SELECT pg_current_wal_insert_lsn()::text")[0].get(0);
     for n in 1..=200 {

@@ -2,20 +2,10 @@
 
 use std::collections::HashMap;
 
-use relaybus::store::postgres::{ConnectOptions, PgStore, StoreOptions};
-use relaybus::store::{EventLimits, Namespace, NewEvent, Store};
+use relaybus::store::{EventLimits, NewEvent, Store, StoreOptions};
 use serde_json::json;
 
-use crate::common::{database_url, runtime, stderr, stdout, TestSchema};
-
-fn store(s: &TestSchema) -> PgStore {
-    let config = ConnectOptions::resolve(Some(&database_url())).unwrap();
-    PgStore::new(
-        ConnectOptions::new(config, true, std::time::Duration::from_secs(10)),
-        Namespace::new(&s.name, "relaybus_").unwrap(),
-        StoreOptions::default(),
-    )
-}
+use crate::common::{open_store, runtime, stderr, stdout, TestSchema};
 
 #[test]
 fn publish_from_flags_writes_one_event_and_its_deliveries() {
@@ -171,7 +161,7 @@ fn eight_concurrent_publishers_get_gapless_per_key_sequences_in_their_own_order(
     runtime().block_on(async {
         let mut tasks = vec![];
         for p in 0..8 {
-            let store = store(&s);
+            let store = open_store(&s, StoreOptions::publisher());
             let limits = limits.clone();
             tasks.push(tokio::spawn(async move {
                 for i in 0..40 {

@@ -11,7 +11,8 @@ use sha2::Sha256;
 
 use crate::common::http::serve;
 use crate::common::{
-    signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, TestDatabase, TestSchema,
+    finish, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, TestDatabase,
+    TestSchema,
 };
 
 fn publish(s: &TestSchema, lines: &[String]) {
@@ -93,7 +94,7 @@ fn three_workers_handle_3000_deliveries_exactly_once_in_key_order() {
         .collect();
     let mut handled = 0;
     for w in workers {
-        let out = w.wait_with_output().unwrap();
+        let out = finish(w, Duration::from_secs(120));
         assert!(out.status.success(), "{}", stderr(&out));
         let summary = stdout(&out);
         let n: u64 = summary
@@ -184,11 +185,12 @@ fn the_happy_path_writes_no_delivery_row_and_hot_lane_updates() {
     let (_, upd, hot, del) = table_stats(&s, "lanes");
     assert!(upd > 0);
     assert_eq!(del, 0);
-    // Every lane update is eligible for HOT (no indexed column changes). Whether the new version
-    // fits its page depends on pruning, which needs a cleanup lock that the worker's own
-    // concurrent statements can hold: about one run in thirty had one update that was not HOT.
+    // Every lane update is eligible for HOT (no indexed column changes), so a structural break
+    // (an index on a lane column) shows as no HOT update at all. Whether each new version fits
+    // its page depends on pruning, which needs a cleanup lock that the worker's own concurrent
+    // statements can hold; under the whole suite's load on two cores, 247 to 254 of 259 were HOT.
     assert!(
-        upd - hot <= upd / 100,
+        upd - hot <= upd / 10,
         "{hot} of {upd} lane updates were HOT"
     );
 }
@@ -450,10 +452,10 @@ fn a_killed_worker_s_deliveries_are_redelivered_after_its_lease_with_one_attempt
         "50ms",
         "--completion-history",
     ];
-    let mut victim = spawn_worker(&s, &args);
+    let victim = spawn_worker(&s, &args);
     wait_in_flight(&s, 12);
     signal(&victim, nix::sys::signal::Signal::SIGKILL);
-    victim.wait().unwrap();
+    finish(victim, Duration::from_secs(10));
     let mut drain_args = args.to_vec();
     drain_args.push("--drain");
     let out = s
@@ -512,7 +514,7 @@ fn graceful_shutdown_releases_without_charging_and_hands_lanes_back() {
     );
     wait_in_flight(&s, 4);
     signal(&worker, nix::sys::signal::Signal::SIGTERM);
-    let out = worker.wait_with_output().unwrap();
+    let out = finish(worker, Duration::from_secs(30));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
         stdout(&out),
@@ -587,7 +589,7 @@ fn a_publish_wakes_an_idle_worker_long_before_its_poll_interval() {
         || done.exists(),
     );
     signal(&worker, nix::sys::signal::Signal::SIGTERM);
-    let out = worker.wait_with_output().unwrap();
+    let out = finish(worker, Duration::from_secs(30));
     assert_eq!(
         stdout(&out),
         "handled 1, failed attempts 0, dead 0, lease lost 0, released 0\n"

@@ -2,6 +2,10 @@
 //! processes x configuration, and mixed load at a fixed offered rate.
 
 use std::fmt;
+use std::time::Duration;
+
+use crate::dispatch::DispatchOptions;
+use crate::store::StoreOptions;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -17,14 +21,19 @@ pub enum Keys {
 }
 
 impl Keys {
-    /// The key of the n-th event a generator makes.
-    pub fn key(self, n: u64) -> Option<String> {
+    /// How many distinct keys the generator cycles through (none: unkeyed).
+    pub fn modulus(self) -> Option<u64> {
         match self {
             Keys::None => None,
-            Keys::Distinct => Some(format!("k{}", n % 1000)),
-            Keys::Hot10 => Some(format!("k{}", n % 10)),
-            Keys::Hot1 => Some("k0".into()),
+            Keys::Distinct => Some(1000),
+            Keys::Hot10 => Some(10),
+            Keys::Hot1 => Some(1),
         }
+    }
+
+    /// The key of the n-th event a generator makes.
+    pub fn key(self, n: u64) -> Option<String> {
+        self.modulus().map(|m| format!("k{}", n % m))
     }
 }
 
@@ -37,13 +46,36 @@ pub enum Config {
     Tuned,
 }
 
+/// What a dispatcher configuration sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub concurrency: usize,
+    pub batch_size: usize,
+    pub pool_size: usize,
+    pub poll_interval: Duration,
+}
+
 impl Config {
-    /// (concurrency, batch size, pool size, poll interval in ms)
-    pub fn settings(self) -> (u32, u32, u32, u64) {
+    pub fn settings(self) -> Settings {
         match self {
-            Config::Defaults => (10, 10, 10, 1000),
-            Config::Mid => (50, 200, 20, 1000),
-            Config::Tuned => (200, 200, 40, 50),
+            Config::Defaults => Settings {
+                concurrency: DispatchOptions::CONCURRENCY,
+                batch_size: DispatchOptions::BATCH_SIZE,
+                pool_size: StoreOptions::WORKER_POOL_SIZE,
+                poll_interval: DispatchOptions::POLL_INTERVAL,
+            },
+            Config::Mid => Settings {
+                concurrency: 50,
+                batch_size: 200,
+                pool_size: 20,
+                poll_interval: Duration::from_secs(1),
+            },
+            Config::Tuned => Settings {
+                concurrency: 200,
+                batch_size: 200,
+                pool_size: 40,
+                poll_interval: Duration::from_millis(50),
+            },
         }
     }
 

@@ -6,18 +6,21 @@ use std::path::Path;
 
 use super::{BenchOptions, Sample};
 
-/// Per-unit counters of a sample, in the order the table shows them.
+/// A server total of a sample per unit (0 when the store does not count it).
+fn total_per_unit(s: &Sample, name: &str) -> f64 {
+    s.counters.totals.get(name).copied().unwrap_or(0) as f64 / s.units.max(1) as f64
+}
+
+/// Per-unit counters of a sample, in the order the table shows them: the client's statements,
+/// the server's totals, then rows per table.
 pub fn per_unit(s: &Sample) -> Vec<(String, f64)> {
     let u = s.units.max(1) as f64;
     let c = &s.counters;
     let mut out = vec![
         ("statements".to_owned(), s.statements as f64 / u),
         ("parses".to_owned(), s.parses as f64 / u),
-        ("transactions".to_owned(), c.transactions as f64 / u),
-        ("wal_bytes".to_owned(), c.wal_bytes as f64 / u),
-        ("wal_records".to_owned(), c.wal_records as f64 / u),
-        ("wal_fpi".to_owned(), c.wal_fpi as f64 / u),
     ];
+    out.extend(c.totals.keys().map(|k| (k.clone(), total_per_unit(s, k))));
     for (table, [ins, upd, hot, del]) in &c.tables {
         if ins + upd + del == 0 {
             continue;
@@ -202,9 +205,9 @@ pub fn markdown(opts: &BenchOptions, samples: &[Sample]) -> String {
                 .map(|f| format!("{:.2}", s.throughput / f.max(1.0)))
                 .unwrap_or_else(|| "-".into()),
             s.statements as f64 / u,
-            s.counters.wal_bytes as f64 / u,
-            s.counters.wal_records as f64 / u,
-            s.counters.wal_fpi as f64 / u,
+            total_per_unit(s, "wal_bytes"),
+            total_per_unit(s, "wal_records"),
+            total_per_unit(s, "wal_fpi"),
             extra,
             verdict(s),
             if s.spin_ms > limit {
@@ -262,7 +265,7 @@ pub fn markdown(opts: &BenchOptions, samples: &[Sample]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::Counters;
+    use crate::store::bench::ServerCounters;
 
     fn sample(binary: &str, n: u32, throughput: f64, spin_ms: f64) -> Sample {
         Sample {
@@ -275,7 +278,7 @@ mod tests {
             units: 1,
             statements: 0,
             parses: 0,
-            counters: Counters::default(),
+            counters: ServerCounters::default(),
             call_p50_ms: None,
             call_p99_ms: None,
             latency: None,

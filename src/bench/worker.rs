@@ -9,16 +9,17 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::{watch, Notify};
-use tokio_postgres::types::Type;
+use tokio::sync::watch;
 
 use super::cells::{Config, Keys};
-use crate::dispatch::report::{LogFormat, Reporter};
-use crate::dispatch::{self, Backoff, DispatchOptions, HandlerSpec, Shutdown};
+use super::Error;
+use crate::dispatch::{
+    worker_name, DispatchOptions, Dispatcher, HandlerSpec, LogFormat, Reporter, RetryPolicy,
+    Shutdown,
+};
 use crate::handler::{Handler, HandlerFuture, Outcome};
-use crate::store::lane::lane_of;
-use crate::store::postgres::{ConnectOptions, PgStore, StoreOptions};
-use crate::store::{ClaimedDelivery, NewEvent, Store, StoreError};
+use crate::store::bench::BenchStore;
+use crate::store::{AnyStore, ClaimedDelivery, Namespace, NewEvent, Store, StoreOptions};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -125,12 +126,21 @@ impl WorkerPlan {
     }
 }
 
-fn report(store: &PgStore, mut r: WorkerReport) -> WorkerReport {
-    (r.statements, r.parses) = store.statement_counts();
+fn report(store: &AnyStore, mut r: WorkerReport) -> WorkerReport {
+    let counts = store.client_counts();
+    (r.statements, r.parses) = (counts.statements, counts.parses);
     r
 }
 
-pub async fn run(store: PgStore, plan: WorkerPlan) -> Result<WorkerReport, StoreError> {
+/// Runs a plan: opens its store and does its part.
+pub async fn run(plan: WorkerPlan) -> Result<WorkerReport, Error> {
+    let t = &plan.target;
+    let options = StoreOptions {
+        prepared_statements: t.prepared_statements,
+        ..store_options(&plan)
+    };
+    let ns = Namespace::new(&t.schema, &t.prefix)?;
+    let store = crate::store::open(t.database_url.as_deref(), ns, options)?;
     match plan.role {
         Role::Publish => publish(store, plan).await,
         Role::MixedPublish => mixed_publish(store, plan).await,
@@ -141,7 +151,7 @@ pub async fn run(store: PgStore, plan: WorkerPlan) -> Result<WorkerReport, Store
 }
 
 /// Publishes batches back to back until the window ends.
-async fn publish(store: PgStore, plan: WorkerPlan) -> Result<WorkerReport, StoreError> {
+async fn publish(store: AnyStore, plan: WorkerPlan) -> Result<WorkerReport, Error> {
     let w = plan.window();
     let mut r = WorkerReport::default();
     plan.wait_for_start().await;
@@ -165,7 +175,7 @@ async fn publish(store: PgStore, plan: WorkerPlan) -> Result<WorkerReport, Store
 
 /// Publishes one event per transaction at a fixed rate and records each commit time, and
 /// whether the commit fell inside the window.
-async fn mixed_publish(store: PgStore, plan: WorkerPlan) -> Result<WorkerReport, StoreError> {
+async fn mixed_publish(store: AnyStore, plan: WorkerPlan) -> Result<WorkerReport, Error> {
     let w = plan.window();
     let store = Arc::new(store);
     let committed = Arc::new(Mutex::new(Vec::new()));
@@ -190,11 +200,11 @@ async fn mixed_publish(store: PgStore, plan: WorkerPlan) -> Result<WorkerReport,
             result.map(|_| ())
         });
         while let Some(done) = tasks.try_join_next() {
-            done.expect("publish task")?;
+            done??;
         }
     }
     while let Some(done) = tasks.join_next().await {
-        done.expect("publish task")?;
+        done??;
     }
     let committed = std::mem::take(&mut *committed.lock().expect("records"));
     let in_window = |t: u64| t >= w.start_us && t < w.end_us;
@@ -204,20 +214,13 @@ async fn mixed_publish(store: PgStore, plan: WorkerPlan) -> Result<WorkerReport,
         ..Default::default()
     };
     if let Some(path) = &plan.records {
-        let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+        let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
         for (id, t) in &committed {
-            writeln!(f, "{id}\t{t}\t{}", u8::from(in_window(*t))).map_err(io)?;
+            writeln!(f, "{id}\t{t}\t{}", u8::from(in_window(*t)))?;
         }
-        f.flush().map_err(io)?;
+        f.flush()?;
     }
     Ok(report(&store, r))
-}
-
-fn io(e: std::io::Error) -> StoreError {
-    StoreError::InvalidEvent {
-        position: "in the benchmark's records file".into(),
-        reason: e.to_string(),
-    }
 }
 
 /// A no-op handler that remembers what it handled and when, for the exactness check.
@@ -238,9 +241,9 @@ impl Handler for Recording {
 }
 
 /// A dispatcher with the cell's configuration, stopped gracefully when the window ends.
-async fn dispatch_worker(store: PgStore, plan: WorkerPlan) -> Result<WorkerReport, StoreError> {
+async fn dispatch_worker(store: AnyStore, plan: WorkerPlan) -> Result<WorkerReport, Error> {
     let w = plan.window();
-    let (concurrency, batch, _, poll_ms) = plan.config.settings();
+    let settings = plan.config.settings();
     let recording = Arc::new(Recording {
         seen: Mutex::new(Vec::new()),
     });
@@ -248,43 +251,26 @@ async fn dispatch_worker(store: PgStore, plan: WorkerPlan) -> Result<WorkerRepor
         .map(|h| HandlerSpec {
             name: format!("h{h}"),
             handler: Arc::clone(&recording) as Arc<dyn Handler>,
-            max_attempts: 25,
-            backoff: Backoff {
-                base: Duration::from_secs(1),
-                max: Duration::from_secs(3600),
-            },
+            retry: RetryPolicy::default(),
         })
         .collect();
     let store = Arc::new(store);
     let reporter = Arc::new(Reporter::quiet(LogFormat::Text));
     let (tx, rx) = watch::channel(Shutdown::Running);
-    let wake = Arc::new(Notify::new());
-    let listener = tokio::spawn(dispatch::listen::listen(
-        store.connect_options().clone(),
-        store.channel(),
-        Arc::clone(&wake),
-        Arc::clone(&reporter),
-        rx.clone(),
-    ));
+    let options = DispatchOptions {
+        concurrency: settings.concurrency,
+        batch_size: settings.batch_size,
+        poll_interval: settings.poll_interval,
+        ..DispatchOptions::new(worker_name())
+    };
+    let dispatcher = Dispatcher::new(Arc::clone(&store), options, handlers, reporter);
     plan.wait_for_start().await;
     let end = w.end_us;
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_micros(end.saturating_sub(now_us()))).await;
         let _ = tx.send(Shutdown::Graceful);
     });
-    let options = DispatchOptions {
-        owner: dispatch::worker_name(),
-        concurrency: concurrency as usize,
-        batch_size: batch as usize,
-        poll_interval: Duration::from_millis(poll_ms),
-        lease_duration: Duration::from_secs(30),
-        completion_window: Duration::from_millis(2),
-        shutdown_grace: Duration::from_secs(10),
-        drain: false,
-        completion_history: false,
-    };
-    dispatch::run(Arc::clone(&store), options, handlers, reporter, wake, rx).await?;
-    listener.abort();
+    dispatcher.run(rx).await;
     let seen = std::mem::take(&mut *recording.seen.lock().expect("records"));
     let r = WorkerReport {
         units_total: seen.len() as u64,
@@ -295,64 +281,20 @@ async fn dispatch_worker(store: PgStore, plan: WorkerPlan) -> Result<WorkerRepor
         ..Default::default()
     };
     if let Some(path) = &plan.records {
-        let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+        let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
         for (event, handler, attempt, t) in &seen {
-            writeln!(f, "{event}\t{handler}\t{attempt}\t{t}").map_err(io)?;
+            writeln!(f, "{event}\t{handler}\t{attempt}\t{t}")?;
         }
-        f.flush().map_err(io)?;
+        f.flush()?;
     }
     Ok(report(&store, r))
 }
 
-async fn floor_connection(store: &PgStore) -> Result<tokio_postgres::Client, StoreError> {
-    let opts: &ConnectOptions = store.connect_options();
-    let (client, conn) = opts
-        .config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .map_err(|cause| StoreError::Connect {
-            target: opts.target.clone(),
-            cause,
-        })?;
-    tokio::spawn(conn);
-    Ok(client)
-}
-
 /// The same rows as a publish, written by the plainest statement: one multi-row insert of
-/// events and deliveries per batch, prepared once.
-async fn floor_publish(store: PgStore, plan: WorkerPlan) -> Result<WorkerReport, StoreError> {
-    let ns = store.namespace();
-    let client = floor_connection(&store).await?;
-    let statement = client
-        .prepare_typed(
-            &format!(
-                "WITH e AS (INSERT INTO {events} (id, type, key, payload, handlers) \
-                   SELECT id, 'bench.event', key, payload, $5 \
-                     FROM unnest($1::text[], $2::text[], $3::jsonb[]) AS t(id, key, payload)) \
-                 INSERT INTO {deliveries} (id, event_id, handler, lane, key) \
-                 SELECT d.id, d.event_id, d.handler, d.lane, d.key \
-                   FROM unnest($4::text[], $6::text[], $7::text[], $8::int2[], $9::text[]) \
-                        AS d(id, event_id, handler, lane, key)",
-                events = ns.table("events"),
-                deliveries = ns.table("deliveries")
-            ),
-            &[
-                Type::TEXT_ARRAY,
-                Type::TEXT_ARRAY,
-                Type::JSONB_ARRAY,
-                Type::TEXT_ARRAY,
-                Type::TEXT_ARRAY,
-                Type::TEXT_ARRAY,
-                Type::TEXT_ARRAY,
-                Type::INT2_ARRAY,
-                Type::TEXT_ARRAY,
-            ],
-        )
-        .await
-        .map_err(StoreError::db("floor: prepare"))?;
+/// events and deliveries per batch.
+async fn floor_publish(store: AnyStore, plan: WorkerPlan) -> Result<WorkerReport, Error> {
     let w = plan.window();
     let mut r = WorkerReport::default();
-    let handlers: Vec<String> = (0..plan.handlers).map(|h| format!("h{h}")).collect();
     plan.wait_for_start().await;
     let mut n = 0u64;
     while now_us() < w.end_us {
@@ -360,38 +302,8 @@ async fn floor_publish(store: PgStore, plan: WorkerPlan) -> Result<WorkerReport,
             .map(|i| event(format!("f{}-{i}", plan.index), i, plan.handlers, plan.keys))
             .collect();
         n += u64::from(plan.batch);
-        let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
-        let keys: Vec<Option<&str>> = events.iter().map(|e| e.key.as_deref()).collect();
-        let payloads: Vec<&serde_json::Value> = events.iter().map(|e| &e.payload).collect();
-        let (mut d_ids, mut d_events, mut d_handlers, mut d_lanes, mut d_keys) =
-            (vec![], vec![], vec![], vec![], vec![]);
-        for e in &events {
-            for h in &handlers {
-                d_ids.push(uuid::Uuid::now_v7().to_string());
-                d_events.push(e.id.as_str());
-                d_handlers.push(h.as_str());
-                d_lanes.push(lane_of(e.key.as_deref(), &e.id));
-                d_keys.push(e.key.as_deref());
-            }
-        }
         let t0 = now_us();
-        client
-            .execute(
-                &statement,
-                &[
-                    &ids,
-                    &keys,
-                    &payloads,
-                    &d_ids,
-                    &handlers,
-                    &d_events,
-                    &d_handlers,
-                    &d_lanes,
-                    &d_keys,
-                ],
-            )
-            .await
-            .map_err(StoreError::db("floor: insert"))?;
+        store.floor_publish(&events).await?;
         let t1 = now_us();
         r.units_total += events.len() as u64;
         if t1 >= w.start_us && t1 < w.end_us {
@@ -405,29 +317,13 @@ async fn floor_publish(store: PgStore, plan: WorkerPlan) -> Result<WorkerReport,
 }
 
 /// The same deliveries deleted by the plainest statement: a batch picked with SKIP LOCKED.
-async fn floor_dispatch(store: PgStore, plan: WorkerPlan) -> Result<WorkerReport, StoreError> {
-    let deliveries = store.namespace().table("deliveries");
-    let client = floor_connection(&store).await?;
-    let statement = client
-        .prepare_typed(
-            &format!(
-                "DELETE FROM {deliveries} WHERE id IN (SELECT id FROM {deliveries} \
-                  WHERE status = 'pending' LIMIT $1 FOR UPDATE SKIP LOCKED)"
-            ),
-            &[Type::INT8],
-        )
-        .await
-        .map_err(StoreError::db("floor: prepare"))?;
-    let (_, batch, _, _) = plan.config.settings();
-    let batch = i64::from(batch);
+async fn floor_dispatch(store: AnyStore, plan: WorkerPlan) -> Result<WorkerReport, Error> {
+    let batch = plan.config.settings().batch_size as i64;
     let w = plan.window();
     let mut r = WorkerReport::default();
     plan.wait_for_start().await;
     while now_us() < w.end_us {
-        let deleted = client
-            .execute(&statement, &[&batch])
-            .await
-            .map_err(StoreError::db("floor: delete"))?;
+        let deleted = store.floor_dispatch(batch).await?;
         let t = now_us();
         r.statements += 1;
         r.units_total += deleted;
@@ -444,23 +340,18 @@ async fn floor_dispatch(store: PgStore, plan: WorkerPlan) -> Result<WorkerReport
 }
 
 /// Store options of a worker: a publisher publishes on one connection, a dispatcher has the
-/// cell's pool.
-pub fn store_options(plan: &WorkerPlan) -> StoreOptions {
-    let (_, _, pool, _) = plan.config.settings();
+/// cell's pool, a floor keeps the server's own session settings.
+fn store_options(plan: &WorkerPlan) -> StoreOptions {
     match plan.role {
-        Role::Dispatch => StoreOptions {
-            pool_size: pool as usize,
-            notify: false,
-        },
+        Role::Dispatch => StoreOptions::worker(plan.config.settings().pool_size),
         Role::MixedPublish => StoreOptions {
             pool_size: 8,
-            notify: true,
+            ..StoreOptions::publisher()
         },
-        // A second connection for the coalesced wake-up, which must not hold up the next
-        // publish, as with `relaybus publish`.
-        _ => StoreOptions {
-            pool_size: 2,
-            notify: true,
+        Role::Publish => StoreOptions::publisher(),
+        Role::FloorPublish | Role::FloorDispatch => StoreOptions {
+            long_lived: false,
+            ..StoreOptions::publisher()
         },
     }
 }

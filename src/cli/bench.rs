@@ -12,8 +12,6 @@ use super::{parse_duration, GlobalArgs, Output};
 use crate::bench::cells::presets;
 use crate::bench::worker::{self, WorkerPlan};
 use crate::bench::{report, BenchOptions, Coordinator};
-use crate::store::postgres::{ConnectOptions, PgStore};
-use crate::store::Namespace;
 
 /// Measure publish and dispatch throughput, mixed-load latency and the database's counters.
 ///
@@ -24,8 +22,8 @@ use crate::store::Namespace;
 ///
 /// Each publisher and dispatcher is its own process; each sample is a warm-up plus a fixed
 /// window; dispatch starts from a preloaded backlog; the handler is a built-in no-op. Every
-/// sample runs in a schema of its own (relaybus_bench_*), created and dropped by the bench;
-/// --schema is not used. Counters are deltas of the server's statistics (nothing is reset) and
+/// sample runs in a schema of its own (relaybus_bench_*, with --prefix), created and dropped by
+/// the bench; --schema is not used. Counters are deltas of the server's statistics (nothing is reset) and
 /// the workers' own statement counts, per event or delivery. Dispatch and mixed samples are
 /// checked for exactness (each delivery handled once, per-key order, nothing lost or dead) and
 /// an invalid sample is reported as such. A raw-SQL floor runs beside each cell. With
@@ -75,22 +73,19 @@ pub enum Scenario {
 #[derive(Debug, Args)]
 pub struct WorkerArgs {}
 
-pub async fn run_worker(out: &Output) -> Result<ExitCode> {
+pub(super) async fn run_worker(out: &Output) -> Result<ExitCode> {
     let mut text = String::new();
     std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
         .context("could not read the worker plan from stdin")?;
     let plan: WorkerPlan = serde_json::from_str(&text).context("invalid worker plan on stdin")?;
-    let t = &plan.target;
-    let ns = Namespace::new(&t.schema, &t.prefix)?;
-    let config = ConnectOptions::resolve(t.database_url.as_deref())?;
-    let connect = ConnectOptions::new(config, t.prepared_statements, Duration::from_secs(10));
-    let store = PgStore::new(connect, ns, worker::store_options(&plan));
-    let report = worker::run(store, plan).await?;
+    let report = worker::run(plan)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     out.line(serde_json::to_string(&report)?)?;
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<ExitCode> {
+pub(super) async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<ExitCode> {
     let mut cells = presets();
     if let Some(scenario) = a.scenario {
         let name = format!("{scenario:?}").to_lowercase();
@@ -117,8 +112,6 @@ pub async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<ExitCode>
         ),
         None => None,
     };
-    let config = ConnectOptions::resolve(g.database_url.as_deref())?;
-    let connect = ConnectOptions::new(config, true, g.lock_timeout);
     let opts = BenchOptions {
         cells: cells.clone(),
         samples: a.samples,
@@ -127,11 +120,11 @@ pub async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<ExitCode>
         base: base.clone(),
         candidate: candidate.clone(),
         database_url: g.database_url.clone(),
+        prefix: g.namespace()?.prefix().to_owned(),
+        prepared_statements: !g.no_prepared_statements,
         floor: !a.no_floor,
     };
-    let mut coordinator = Coordinator::new(opts.clone(), &connect)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut coordinator = Coordinator::new(opts).map_err(|e| anyhow::anyhow!("{e}"))?;
     let env = coordinator
         .environment()
         .await

@@ -9,8 +9,7 @@ use serde_json::json;
 use super::deliveries::print_deliveries;
 use super::output::confirm;
 use super::{GlobalArgs, Output};
-use crate::store::postgres::StoreOptions;
-use crate::store::{DeliveryFilter, DeliveryStatus, RequeueSelector, Store};
+use crate::store::{DeliveryFilter, DeliveryStatus, RequeueSelector, Store, StoreOptions};
 
 /// List and requeue dead deliveries (those buried after their last attempt, exit 65 or HTTP 410).
 #[derive(Debug, Args)]
@@ -65,8 +64,8 @@ pub struct RequeueArgs {
     pub yes: bool,
 }
 
-pub async fn run(g: &GlobalArgs, out: &Output, args: DeadArgs) -> Result<ExitCode> {
-    let store = g.store(StoreOptions::admin())?;
+pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeadArgs) -> Result<ExitCode> {
+    let store = g.open(StoreOptions::admin())?;
     store.require_current().await?;
     match args.command {
         DeadCommand::List { handler, limit } => {

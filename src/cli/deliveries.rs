@@ -3,12 +3,11 @@
 use std::process::ExitCode;
 
 use anyhow::{bail, Result};
-use clap::{Args, Subcommand};
+use clap::{Args, Subcommand, ValueEnum};
 
 use super::output::{cell, time};
 use super::{GlobalArgs, Output};
-use crate::store::postgres::StoreOptions;
-use crate::store::{DeliveryFilter, DeliveryRow, DeliveryStatus, Store};
+use crate::store::{DeliveryFilter, DeliveryRow, DeliveryStatus, Store, StoreOptions};
 
 /// List and inspect deliveries.
 #[derive(Debug, Args)]
@@ -38,7 +37,7 @@ pub enum DeliveriesCommand {
 #[derive(Debug, Args)]
 pub struct ListArgs {
     #[arg(long, value_enum)]
-    pub status: Option<DeliveryStatus>,
+    pub status: Option<Status>,
     #[arg(long, value_name = "NAME")]
     pub handler: Option<String>,
     /// Ordering key.
@@ -52,6 +51,26 @@ pub struct ListArgs {
     pub event_type: Option<String>,
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=100_000))]
     pub limit: i64,
+}
+
+/// A delivery's state, as `--status` takes it.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Status {
+    Pending,
+    Processing,
+    Dead,
+    Completed,
+}
+
+impl From<Status> for DeliveryStatus {
+    fn from(s: Status) -> Self {
+        match s {
+            Status::Pending => DeliveryStatus::Pending,
+            Status::Processing => DeliveryStatus::Processing,
+            Status::Dead => DeliveryStatus::Dead,
+            Status::Completed => DeliveryStatus::Completed,
+        }
+    }
 }
 
 /// Inspect events.
@@ -109,13 +128,13 @@ pub(crate) fn print_deliveries(out: &Output, rows: &[DeliveryRow], empty: &str) 
     )
 }
 
-pub async fn run(g: &GlobalArgs, out: &Output, args: DeliveriesArgs) -> Result<ExitCode> {
-    let store = g.store(StoreOptions::admin())?;
+pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeliveriesArgs) -> Result<ExitCode> {
+    let store = g.open(StoreOptions::admin())?;
     store.require_current().await?;
     match args.command {
         DeliveriesCommand::List(a) => {
             let filter = DeliveryFilter {
-                status: a.status,
+                status: a.status.map(Into::into),
                 handler: a.handler,
                 key: a.key,
                 event_id: a.event,
@@ -177,8 +196,8 @@ pub async fn run(g: &GlobalArgs, out: &Output, args: DeliveriesArgs) -> Result<E
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn run_events(g: &GlobalArgs, out: &Output, args: EventsArgs) -> Result<ExitCode> {
-    let store = g.store(StoreOptions::admin())?;
+pub(super) async fn run_events(g: &GlobalArgs, out: &Output, args: EventsArgs) -> Result<ExitCode> {
+    let store = g.open(StoreOptions::admin())?;
     store.require_current().await?;
     let EventsCommand::Show { id } = args.command;
     let Some(e) = store.show_event(&id).await? else {

@@ -8,8 +8,7 @@ use serde_json::json;
 
 use super::output::time;
 use super::{GlobalArgs, Output};
-use crate::store::postgres::StoreOptions;
-use crate::store::Store;
+use crate::store::{Store, StoreOptions};
 
 /// Show the 256 lanes: owner, epoch, lease, in flight, pending, oldest due.
 ///
@@ -26,8 +25,8 @@ pub struct LanesArgs {
 #[derive(Debug, Args)]
 pub struct StatsArgs {}
 
-pub async fn run(g: &GlobalArgs, out: &Output, args: LanesArgs) -> Result<ExitCode> {
-    let store = g.store(StoreOptions::admin())?;
+pub(super) async fn run(g: &GlobalArgs, out: &Output, args: LanesArgs) -> Result<ExitCode> {
+    let store = g.open(StoreOptions::admin())?;
     store.require_current().await?;
     let lanes = store.lanes().await?;
     let held: Vec<_> = lanes.iter().filter(|l| l.owner.is_some()).collect();
@@ -89,8 +88,8 @@ pub async fn run(g: &GlobalArgs, out: &Output, args: LanesArgs) -> Result<ExitCo
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn run_stats(g: &GlobalArgs, out: &Output, _: StatsArgs) -> Result<ExitCode> {
-    let store = g.store(StoreOptions::admin())?;
+pub(super) async fn run_stats(g: &GlobalArgs, out: &Output, _: StatsArgs) -> Result<ExitCode> {
+    let store = g.open(StoreOptions::admin())?;
     store.require_current().await?;
     let stats = store.stats().await?;
     if out.json {

@@ -20,8 +20,7 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 
-use crate::store::postgres::{ConnectOptions, PgStore, StoreOptions};
-use crate::store::Namespace;
+use crate::store::{AnyStore, Namespace, StoreOptions};
 
 pub use output::Output;
 
@@ -85,7 +84,7 @@ pub struct GlobalArgs {
 
     /// How long a schema change waits for a lock before it fails, names the blocking session
     /// and changes nothing.
-    #[arg(long, global = true, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, global = true, default_value = human(StoreOptions::LOCK_TIMEOUT), value_parser = parse_duration, value_name = "DURATION")]
     pub lock_timeout: Duration,
 }
 
@@ -109,21 +108,33 @@ pub enum Command {
 }
 
 /// Durations as `30s`, `5m`, `1h`, `250ms`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (use a duration like 30s, 5m, 250ms)"))
 }
 
+/// A default duration as the help text shows it (and as `parse_duration` reads it back).
+fn human(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
 impl GlobalArgs {
-    pub fn namespace(&self) -> Result<Namespace> {
+    fn namespace(&self) -> Result<Namespace> {
         Ok(Namespace::new(&self.schema, &self.prefix)?)
     }
 
-    /// The store of these options. Connections open on first use.
-    pub fn store(&self, options: StoreOptions) -> Result<PgStore> {
-        let ns = self.namespace()?;
-        let config = ConnectOptions::resolve(self.database_url.as_deref())?;
-        let connect = ConnectOptions::new(config, !self.no_prepared_statements, self.lock_timeout);
-        Ok(PgStore::new(connect, ns, options))
+    /// The store of these options, for a command of the kind `options` describes.
+    /// Connections open on first use.
+    fn open(&self, options: StoreOptions) -> Result<AnyStore> {
+        let options = StoreOptions {
+            prepared_statements: !self.no_prepared_statements,
+            lock_timeout: self.lock_timeout,
+            ..options
+        };
+        Ok(crate::store::open(
+            self.database_url.as_deref(),
+            self.namespace()?,
+            options,
+        )?)
     }
 }
 

@@ -23,10 +23,9 @@ impl Output {
     }
 
     pub fn print_json(&self, value: &impl Serialize) -> Result<()> {
-        let mut stdout = io::stdout().lock();
-        serde_json::to_writer_pretty(&mut stdout, value)?;
-        writeln!(stdout)?;
-        Ok(())
+        // Rendered first, so a closed pipe shows as the I/O error it is.
+        let text = serde_json::to_string_pretty(value)?;
+        self.line(text)
     }
 
     /// Progress for a person watching: only when stderr is a terminal.
@@ -65,7 +64,7 @@ impl Output {
 
 /// Asks before destructive work: `--yes` answers for scripts; on a terminal the user is asked;
 /// anywhere else the command refuses rather than guess.
-pub fn confirm(question: &str, yes: bool) -> Result<bool> {
+pub(super) fn confirm(question: &str, yes: bool) -> Result<bool> {
     if yes {
         return Ok(true);
     }
@@ -80,13 +79,13 @@ pub fn confirm(question: &str, yes: bool) -> Result<bool> {
 }
 
 /// A timestamp for tables: UTC to the second.
-pub fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
+pub(super) fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
     t.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
         .unwrap_or_else(|| "-".into())
 }
 
 /// A text cut to `max` characters for a table cell, on one line.
-pub fn cell(text: Option<&str>, max: usize) -> String {
+pub(super) fn cell(text: Option<&str>, max: usize) -> String {
     let Some(text) = text else {
         return "-".into();
     };

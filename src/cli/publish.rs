@@ -8,8 +8,7 @@ use clap::Args;
 use serde_json::{json, Map, Value};
 
 use super::{GlobalArgs, Output};
-use crate::store::postgres::StoreOptions;
-use crate::store::{EventLimits, NewEvent, Store, StoreError};
+use crate::store::{EventLimits, NewEvent, Store, StoreError, StoreOptions};
 
 /// Publish events: one from flags, or many as NDJSON on standard input.
 ///
@@ -121,14 +120,11 @@ async fn publish_batch(
     Ok(())
 }
 
-pub async fn run(g: &GlobalArgs, out: &Output, args: PublishArgs) -> Result<ExitCode> {
+pub(super) async fn run(g: &GlobalArgs, out: &Output, args: PublishArgs) -> Result<ExitCode> {
     let limits = EventLimits {
         max_payload_bytes: args.max_payload_bytes,
     };
-    let store = g.store(StoreOptions {
-        pool_size: 2,
-        notify: true,
-    })?;
+    let store = g.open(StoreOptions::publisher())?;
     let mut tally = Tally {
         ids: vec![],
         events: 0,
@@ -185,7 +181,7 @@ pub async fn run(g: &GlobalArgs, out: &Output, args: PublishArgs) -> Result<Exit
         }
     }
     if tally.deliveries > 0 {
-        store.notify().await?;
+        store.flush_wake_ups().await?;
     }
     if out.json {
         out.print_json(&json!({

@@ -9,8 +9,7 @@ use serde_json::json;
 
 use super::output::confirm;
 use super::{parse_duration, GlobalArgs, Output};
-use crate::store::postgres::StoreOptions;
-use crate::store::{purge, PurgeCounts, PurgeOptions, Store};
+use crate::store::{purge, PurgeCounts, PurgeOptions, Store, StoreOptions};
 
 /// Delete what retention allows, in bounded batches.
 ///
@@ -47,11 +46,11 @@ fn describe(c: &PurgeCounts) -> String {
     )
 }
 
-pub async fn run(g: &GlobalArgs, out: &Output, args: PurgeArgs) -> Result<ExitCode> {
+pub(super) async fn run(g: &GlobalArgs, out: &Output, args: PurgeArgs) -> Result<ExitCode> {
     if args.completed_older_than.is_none() && args.dead_older_than.is_none() {
         bail!("nothing to purge: give --completed-older-than and/or --dead-older-than");
     }
-    let store = g.store(StoreOptions::admin())?;
+    let store = g.open(StoreOptions::admin())?;
     store.require_current().await?;
     let options = PurgeOptions {
         completed_older_than: args.completed_older_than,

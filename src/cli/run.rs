@@ -1,21 +1,22 @@
 //! `relaybus run`: a worker whose handlers are shell commands or webhooks.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
-use serde::Deserialize;
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 
-use super::{parse_duration, GlobalArgs, Output};
-use crate::dispatch::report::{LogFormat, Reporter};
-use crate::dispatch::{self, Backoff, DispatchOptions, HandlerSpec, Shutdown};
-use crate::handler::{Handler, NoopHandler, ShellHandler, WebhookHandler, WebhookSecret};
-use crate::store::postgres::StoreOptions;
+use super::{human, parse_duration, GlobalArgs, Output};
+use crate::backoff::Backoff;
+use crate::config::{self, Defaults, HandlerConfig, Target};
+use crate::dispatch::{worker_name, DispatchOptions, Dispatcher, RetryPolicy, Shutdown};
+use crate::dispatch::{LogFormat, Reporter};
+use crate::handler::WebhookSecret;
+use crate::store::{Store, StoreOptions};
 
 /// Run a worker: claim deliveries and hand them to shell commands or webhooks.
 ///
@@ -77,31 +78,31 @@ pub struct RunArgs {
     pub config: Option<PathBuf>,
 
     /// Deliveries handled at once.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    #[arg(long, default_value_t = DispatchOptions::CONCURRENCY as u32, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub concurrency: u32,
     /// Deliveries claimed per claim at most.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    #[arg(long, default_value_t = DispatchOptions::BATCH_SIZE as u32, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub batch_size: u32,
     /// How often an idle worker looks for due work (wake-ups usually come sooner).
-    #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = human(DispatchOptions::POLL_INTERVAL), value_parser = parse_duration, value_name = "DURATION")]
     pub poll_interval: Duration,
     /// How long a lane lease lasts without renewal; a crashed worker's work waits this long.
-    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = human(DispatchOptions::LEASE_DURATION), value_parser = parse_duration, value_name = "DURATION")]
     pub lease_duration: Duration,
     /// Database connections.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(long, default_value_t = StoreOptions::WORKER_POOL_SIZE as u32, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub pool_size: u32,
     /// Attempts before a delivery is buried.
-    #[arg(long, default_value_t = 25, value_parser = clap::value_parser!(i32).range(1..))]
+    #[arg(long, default_value_t = RetryPolicy::MAX_ATTEMPTS, value_parser = clap::value_parser!(i32).range(1..))]
     pub max_attempts: i32,
     /// Base of the exponential backoff between attempts.
-    #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = human(RetryPolicy::RETRY_DELAY), value_parser = parse_duration, value_name = "DURATION")]
     pub retry_delay: Duration,
     /// Longest wait between attempts (also caps Retry-After).
-    #[arg(long, default_value = "1h", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = human(RetryPolicy::RETRY_MAX_DELAY), value_parser = parse_duration, value_name = "DURATION")]
     pub retry_max_delay: Duration,
     /// Time one attempt may take.
-    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = human(config::TIMEOUT), value_parser = parse_duration, value_name = "DURATION")]
     pub timeout: Duration,
     /// Standard Webhooks signing secret (`whsec_...`) for webhook handlers.
     #[arg(
@@ -115,10 +116,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub drain: bool,
     /// Completions finishing within this window are deleted by one statement.
-    #[arg(long, default_value = "2ms", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = human(DispatchOptions::COMPLETION_WINDOW), value_parser = parse_duration, value_name = "DURATION")]
     pub completion_window: Duration,
     /// How long running handlers may finish after a stop signal.
-    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = human(DispatchOptions::SHUTDOWN_GRACE), value_parser = parse_duration, value_name = "DURATION")]
     pub shutdown_grace: Duration,
     /// Keep an append-only history of completions (one insert per completion).
     #[arg(long)]
@@ -128,8 +129,14 @@ pub struct RunArgs {
     #[arg(long, value_enum, default_value_t = WakeUp::Listen)]
     pub wake_up: WakeUp,
     /// Log lines as text or JSON (a live status line replaces them on a terminal).
-    #[arg(long, value_enum, default_value_t = LogFormatArg::Text)]
-    pub log_format: LogFormatArg,
+    #[arg(
+        long,
+        default_value = "text",
+        value_name = "FORMAT",
+        value_parser = PossibleValuesParser::new(["text", "json"])
+            .map(|s| s.parse::<LogFormat>().expect("one of the possible values"))
+    )]
+    pub log_format: LogFormat,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -138,120 +145,25 @@ pub enum WakeUp {
     Poll,
 }
 
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum LogFormatArg {
-    Text,
-    Json,
-}
-
-/// One handler table of the config file.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct HandlerEntry {
-    exec: Option<String>,
-    webhook: Option<String>,
-    timeout: Option<String>,
-    max_attempts: Option<i32>,
-    retry_delay: Option<String>,
-    retry_max_delay: Option<String>,
-    webhook_secret: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ConfigFile {
-    handlers: BTreeMap<String, HandlerEntry>,
-}
-
-enum Target {
-    Exec(String),
-    Webhook(String),
-    Noop,
-}
-
-/// A handler as resolved from flags or the config file, before it is built.
-struct Resolved {
-    name: String,
-    target: Target,
-    timeout: Duration,
-    max_attempts: i32,
-    backoff: Backoff,
-    secret: Option<WebhookSecret>,
-}
-
-fn duration(field: &str, name: &str, value: Option<&str>, default: Duration) -> Result<Duration> {
-    match value {
-        None => Ok(default),
-        Some(v) => {
-            parse_duration(v).map_err(|e| anyhow::anyhow!("handler `{name}`: `{field}`: {e}"))
-        }
-    }
-}
-
-fn secret(text: Option<&str>) -> Result<Option<WebhookSecret>> {
-    text.map(|s| WebhookSecret::parse(s).map_err(|e| anyhow::anyhow!("{e}")))
+/// The handlers the flags or the config file describe.
+fn handler_configs(args: &RunArgs) -> Result<Vec<HandlerConfig>> {
+    let webhook_secret = args
+        .webhook_secret
+        .as_deref()
+        .map(WebhookSecret::parse)
         .transpose()
-}
-
-fn resolve(args: &RunArgs) -> Result<Vec<Resolved>> {
-    let default_backoff = Backoff {
-        base: args.retry_delay,
-        max: args.retry_max_delay,
-    };
-    let default_secret = secret(args.webhook_secret.as_deref())
+        .map_err(|e| anyhow::anyhow!(e))
         .context("invalid --webhook-secret (or RELAYBUS_WEBHOOK_SECRET)")?;
+    let defaults = Defaults {
+        timeout: args.timeout,
+        retry: RetryPolicy {
+            max_attempts: args.max_attempts,
+            backoff: Backoff::jittered(args.retry_delay, args.retry_max_delay),
+        },
+        webhook_secret,
+    };
     if let Some(path) = &args.config {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("could not read the config file `{}`", path.display()))?;
-        let file: ConfigFile = toml::from_str(&text)
-            .with_context(|| format!("invalid config file `{}`", path.display()))?;
-        if file.handlers.is_empty() {
-            bail!(
-                "the config file `{}` has no [handlers.NAME] table",
-                path.display()
-            );
-        }
-        return file
-            .handlers
-            .into_iter()
-            .map(|(name, e)| {
-                let target = match (e.exec, e.webhook) {
-                    (Some(cmd), None) => Target::Exec(cmd),
-                    (None, Some(url)) => Target::Webhook(url),
-                    _ => bail!("handler `{name}`: give exactly one of `exec` or `webhook`"),
-                };
-                let max_attempts = e.max_attempts.unwrap_or(args.max_attempts);
-                if max_attempts < 1 {
-                    bail!("handler `{name}`: `max_attempts` must be at least 1");
-                }
-                Ok(Resolved {
-                    timeout: duration("timeout", &name, e.timeout.as_deref(), args.timeout)?,
-                    backoff: Backoff {
-                        base: duration(
-                            "retry_delay",
-                            &name,
-                            e.retry_delay.as_deref(),
-                            default_backoff.base,
-                        )?,
-                        max: duration(
-                            "retry_max_delay",
-                            &name,
-                            e.retry_max_delay.as_deref(),
-                            default_backoff.max,
-                        )?,
-                    },
-                    secret: match e.webhook_secret {
-                        Some(s) => secret(Some(&s)).with_context(|| {
-                            format!("handler `{name}`: invalid `webhook_secret`")
-                        })?,
-                        None => default_secret.clone(),
-                    },
-                    max_attempts,
-                    target,
-                    name,
-                })
-            })
-            .collect();
+        return Ok(config::from_file(path, &defaults)?);
     }
     let Some(name) = args.handler.clone() else {
         bail!("nothing to run: give --handler NAME with --exec CMD or --webhook URL, or --config FILE");
@@ -262,55 +174,7 @@ fn resolve(args: &RunArgs) -> Result<Vec<Resolved>> {
         (None, None, true) => Target::Noop,
         _ => bail!("handler `{name}` needs one of --exec CMD, --webhook URL or --noop"),
     };
-    Ok(vec![Resolved {
-        name,
-        target,
-        timeout: args.timeout,
-        max_attempts: args.max_attempts,
-        backoff: default_backoff,
-        secret: default_secret,
-    }])
-}
-
-fn build(resolved: Vec<Resolved>) -> Result<Vec<HandlerSpec>> {
-    // One client for every webhook handler, so connections are pooled and kept alive.
-    let client = reqwest::Client::builder()
-        .pool_idle_timeout(Duration::from_secs(90))
-        .user_agent(concat!("relaybus/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .context("could not create the HTTP client")?;
-    resolved
-        .into_iter()
-        .map(|r| {
-            let handler: Arc<dyn Handler> = match r.target {
-                Target::Exec(cmd) => Arc::new(ShellHandler::new(cmd, r.timeout)),
-                Target::Noop => Arc::new(NoopHandler),
-                Target::Webhook(url) => {
-                    let parsed = reqwest::Url::parse(&url).with_context(|| {
-                        format!("handler `{}`: invalid webhook URL `{url}`", r.name)
-                    })?;
-                    if !matches!(parsed.scheme(), "http" | "https") {
-                        bail!(
-                            "handler `{}`: the webhook URL must be http:// or https://",
-                            r.name
-                        );
-                    }
-                    Arc::new(WebhookHandler::new(
-                        client.clone(),
-                        url,
-                        r.secret,
-                        r.timeout,
-                    ))
-                }
-            };
-            Ok(HandlerSpec {
-                name: r.name,
-                handler,
-                max_attempts: r.max_attempts,
-                backoff: r.backoff,
-            })
-        })
-        .collect()
+    Ok(vec![HandlerConfig::new(name, target, &defaults)])
 }
 
 /// First SIGINT/SIGTERM: graceful; second: immediate.
@@ -330,31 +194,14 @@ fn watch_signals(tx: watch::Sender<Shutdown>) -> Result<()> {
     Ok(())
 }
 
-pub async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<ExitCode> {
-    let handlers = build(resolve(&args)?)?;
-    let store = Arc::new(g.store(StoreOptions {
-        pool_size: args.pool_size as usize,
-        notify: false,
-    })?);
+pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<ExitCode> {
+    let handlers = config::build(handler_configs(&args)?)?;
+    let store = Arc::new(g.open(StoreOptions::worker(args.pool_size as usize))?);
     store.require_current().await?;
-    let reporter = Arc::new(Reporter::new(match args.log_format {
-        LogFormatArg::Text => LogFormat::Text,
-        LogFormatArg::Json => LogFormat::Json,
-    }));
+    let reporter = Arc::new(Reporter::new(args.log_format));
     let (tx, rx) = watch::channel(Shutdown::Running);
     watch_signals(tx)?;
-    let wake = Arc::new(Notify::new());
-    let listener = (args.wake_up == WakeUp::Listen).then(|| {
-        tokio::spawn(dispatch::listen::listen(
-            store.connect_options().clone(),
-            store.channel(),
-            Arc::clone(&wake),
-            Arc::clone(&reporter),
-            rx.clone(),
-        ))
-    });
     let options = DispatchOptions {
-        owner: dispatch::worker_name(),
         concurrency: args.concurrency as usize,
         batch_size: args.batch_size as usize,
         poll_interval: args.poll_interval,
@@ -363,11 +210,12 @@ pub async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<ExitCode
         shutdown_grace: args.shutdown_grace,
         drain: args.drain,
         completion_history: args.completion_history,
+        wake_ups: args.wake_up == WakeUp::Listen,
+        ..DispatchOptions::new(worker_name())
     };
-    let summary = dispatch::run(store, options, handlers, reporter, wake, rx.clone()).await?;
-    if let Some(l) = listener {
-        l.abort();
-    }
+    let summary = Dispatcher::new(store, options, handlers, reporter)
+        .run(rx.clone())
+        .await;
     if out.json {
         out.print_json(&summary)?;
     } else {

@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::{Args, ValueEnum};
 
 use super::{GlobalArgs, Output};
-use crate::store::postgres::{conversion_script, install_script};
+use crate::store::{schema_script, Engine, Script};
 
 /// Print the schema as SQL for your own migration tool (Flyway, Atlas, sqitch, a DBA).
 ///
@@ -29,12 +29,14 @@ pub enum FromVersion {
     V01,
 }
 
-pub fn run(g: &GlobalArgs, out: &Output, args: SchemaSqlArgs) -> Result<ExitCode> {
+pub(super) fn run(g: &GlobalArgs, out: &Output, args: SchemaSqlArgs) -> Result<ExitCode> {
     let ns = g.namespace()?;
+    let engine = Engine::of(g.database_url.as_deref())?;
     let script = match args.from {
-        Some(FromVersion::V01) => conversion_script(&ns),
-        None => install_script(&ns),
+        Some(FromVersion::V01) => Script::ConvertFrom01,
+        None => Script::Install,
     };
+    let script = schema_script(engine, &ns, script)?;
     out.line(script.trim_end())?;
     Ok(ExitCode::SUCCESS)
 }

@@ -7,8 +7,7 @@ use clap::Args;
 use serde_json::json;
 
 use super::{GlobalArgs, Output};
-use crate::store::postgres::StoreOptions;
-use crate::store::{SchemaStatus, Store, SCHEMA_VERSION};
+use crate::store::{SchemaStatus, Store, StoreOptions, SCHEMA_VERSION};
 
 /// Install the store, or bring it to the current schema in place.
 ///
@@ -25,8 +24,8 @@ pub struct SetupArgs {
     pub check: bool,
 }
 
-pub async fn run(g: &GlobalArgs, out: &Output, args: SetupArgs) -> Result<ExitCode> {
-    let store = g.store(StoreOptions::admin())?;
+pub(super) async fn run(g: &GlobalArgs, out: &Output, args: SetupArgs) -> Result<ExitCode> {
+    let store = g.open(StoreOptions::admin())?;
     let ns = store.namespace();
     let place = format!("schema \"{}\", prefix \"{}\"", ns.schema(), ns.prefix());
     if args.check {
@@ -44,14 +43,10 @@ pub async fn run(g: &GlobalArgs, out: &Output, args: SetupArgs) -> Result<ExitCo
             ))?;
         }
         if !current {
-            let todo = match status {
-                SchemaStatus::V01 => "run `relaybus upgrade --dry-run` to see the conversion, then `relaybus upgrade`",
-                SchemaStatus::Newer { .. } => "use a newer relaybus binary",
-                _ => "run `relaybus setup`",
-            };
             eprintln!(
-                "relaybus schema is {} in {place}, expected {SCHEMA_VERSION}; {todo}",
-                status.describe()
+                "relaybus schema is {} in {place}, expected {SCHEMA_VERSION}; {}",
+                status.describe(),
+                status.advice()
             );
             return Ok(ExitCode::from(1));
         }

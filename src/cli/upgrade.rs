@@ -9,12 +9,11 @@ use serde_json::json;
 
 use super::output::confirm;
 use super::{GlobalArgs, Output};
-use crate::store::postgres::StoreOptions;
-use crate::store::{SchemaStatus, Store, StoreError, UpgradePlan};
+use crate::store::{SchemaStatus, Store, StoreOptions, UpgradePlan, UpgradeStep};
 
 /// Convert a 0.1 store to 0.2 in place.
 ///
-/// Prints the plan first (the version found, rows per step, indexes dropped and created), then
+/// Prints the plan first (the version found, each step with the rows and objects it changes), then
 /// asks for confirmation on a terminal (--yes in scripts) and applies it in one transaction. With
 /// --dry-run it stops after the plan, having written nothing. Stop every 0.1 worker first: the
 /// upgrade refuses while 0.1 deliveries hold unexpired leases unless --force is given. There is
@@ -50,28 +49,18 @@ fn print_plan(out: &Output, plan: &UpgradePlan) -> Result<()> {
             rows
         ))?;
     }
-    let list = |v: &[String]| {
-        if v.is_empty() {
-            "none".to_owned()
-        } else {
-            v.join(", ")
-        }
-    };
-    out.line(format!("indexes dropped: {}", list(&plan.indexes_dropped)))?;
-    out.line(format!("indexes created: {}", list(&plan.indexes_created)))?;
-    out.line(format!("tables created: {}", list(&plan.tables_created)))?;
-    if plan.live_leases > 0 {
+    if plan.live_leases.count > 0 {
         out.line(format!(
             "live 0.1 leases: {} (until {})",
-            plan.live_leases,
-            plan.live_leases_until.as_deref().unwrap_or("?")
+            plan.live_leases.count,
+            plan.live_leases.until.as_deref().unwrap_or("?")
         ))?;
     }
     Ok(())
 }
 
-pub async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Result<ExitCode> {
-    let store = g.store(StoreOptions::admin())?;
+pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Result<ExitCode> {
+    let store = g.open(StoreOptions::admin())?;
     let ns = store.namespace().clone();
     let plan = store.upgrade_plan().await?;
     match &plan.found {
@@ -84,22 +73,11 @@ pub async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Result<Exit
             }
             return Ok(ExitCode::SUCCESS);
         }
-        SchemaStatus::NotInstalled => {
-            return Err(StoreError::NotInstalled {
-                schema: ns.schema().into(),
-                prefix: ns.prefix().into(),
-            }
-            .into())
-        }
-        SchemaStatus::Incomplete => {
-            bail!("the 0.2 schema is incomplete (no version row); run `relaybus setup` to complete it")
-        }
-        SchemaStatus::Newer { version } => {
-            return Err(StoreError::TooNew {
-                found: version.clone(),
-                supported: crate::store::SCHEMA_VERSION.into(),
-            }
-            .into())
+        other => {
+            return Err(other
+                .error(&ns)
+                .expect("only a current store has no error")
+                .into())
         }
     }
     if !out.json {
@@ -113,13 +91,7 @@ pub async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Result<Exit
         }
         return Ok(ExitCode::SUCCESS);
     }
-    if plan.live_leases > 0 && !args.force {
-        return Err(StoreError::LiveLeases {
-            count: plan.live_leases,
-            until: plan.live_leases_until.clone().unwrap_or_default(),
-        }
-        .into());
-    }
+    plan.live_leases.refuse_unless(args.force)?;
     let question = format!(
         "Convert schema \"{}\" (prefix \"{}\") from 0.1 to 0.2 in place?",
         ns.schema(),
@@ -129,7 +101,7 @@ pub async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Result<Exit
         bail!("upgrade cancelled; nothing was written");
     }
     let started = Instant::now();
-    let progress = |step: &crate::store::UpgradeStep, i: usize, n: usize| {
+    let progress = |step: &UpgradeStep, i: usize, n: usize| {
         out.progress(format!(
             "[{i}/{n}] {} ({:.1}s)",
             step.name,

@@ -10,13 +10,15 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, Notify};
 
+use crate::backoff::Backoff;
 use crate::store::{LeaseToken, Store};
 
 /// The most completions one statement carries.
 const MAX_BATCH: usize = 1000;
-/// A failed completion statement is retried this many times before the deliveries are left to
+/// A failed completion statement is tried this many times before the deliveries are left to
 /// lease expiry (they then run again: at-least-once).
-const RETRIES: u32 = 3;
+const ATTEMPTS: u32 = 3;
+const RETRY: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
 
 type Reply = oneshot::Sender<Result<bool, String>>;
 
@@ -24,16 +26,16 @@ type Reply = oneshot::Sender<Result<bool, String>>;
 /// task that has not started yet counts too). A task hands its completion over before it stops
 /// counting, so when the count is zero every completion is already queued.
 #[derive(Default)]
-pub(crate) struct Running {
+pub(super) struct Running {
     count: AtomicUsize,
     idle: Notify,
 }
 
 /// Counts one claimed delivery until dropped.
-pub(crate) struct RunningGuard(Arc<Running>);
+pub(super) struct RunningGuard(Arc<Running>);
 
 impl Running {
-    pub fn enter(self: &Arc<Self>) -> RunningGuard {
+    pub(super) fn enter(self: &Arc<Self>) -> RunningGuard {
         self.count.fetch_add(1, Ordering::SeqCst);
         RunningGuard(Arc::clone(self))
     }
@@ -52,11 +54,11 @@ impl Drop for RunningGuard {
 }
 
 /// A completion handed over, waiting for its verdict.
-pub(crate) struct Pending(oneshot::Receiver<Result<bool, String>>);
+pub(super) struct Pending(oneshot::Receiver<Result<bool, String>>);
 
 impl Pending {
     /// True when the delivery was deleted; false when its lease was lost first.
-    pub async fn verdict(self) -> Result<bool, String> {
+    pub(super) async fn verdict(self) -> Result<bool, String> {
         self.0
             .await
             .unwrap_or_else(|_| Err("the completer has stopped".into()))
@@ -64,12 +66,12 @@ impl Pending {
 }
 
 #[derive(Clone)]
-pub(crate) struct Completer {
+pub(super) struct Completer {
     tx: mpsc::UnboundedSender<(LeaseToken, Reply)>,
 }
 
 impl Completer {
-    pub fn start<S: Store>(
+    pub(super) fn start<S: Store>(
         store: Arc<S>,
         running: Arc<Running>,
         window: Duration,
@@ -81,7 +83,7 @@ impl Completer {
     }
 
     /// Queues a completion; its verdict comes with the batch it lands in.
-    pub fn submit(&self, token: LeaseToken) -> Pending {
+    pub(super) fn submit(&self, token: LeaseToken) -> Pending {
         let (reply, verdict) = oneshot::channel();
         if let Err(mpsc::error::SendError((_, reply))) = self.tx.send((token, reply)) {
             let _ = reply.send(Err("the completer has stopped".into()));
@@ -117,15 +119,12 @@ async fn run<S: Store>(
             }
         }
         let tokens: Vec<LeaseToken> = batch.iter().map(|(t, _)| t.clone()).collect();
-        let mut attempt = 0;
+        let mut retries = RETRY.retries();
         let verdict = loop {
             match store.complete(&tokens, history).await {
                 Ok(ids) => break Ok(ids.into_iter().collect::<HashSet<String>>()),
-                Err(e) if attempt + 1 >= RETRIES => break Err(format!("{e:#}")),
-                Err(_) => {
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
-                }
+                Err(e) if retries.count() + 1 >= ATTEMPTS => break Err(format!("{e:#}")),
+                Err(_) => tokio::time::sleep(retries.next_delay()).await,
             }
         };
         for (token, reply) in batch {

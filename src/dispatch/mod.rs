@@ -8,20 +8,23 @@
 //! attempt and hands every lane back at once.
 
 mod complete;
-pub mod listen;
+mod delivery;
+mod options;
 pub mod report;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rand::Rng;
-use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
-use tokio::task::JoinSet;
+use tokio::sync::{watch, Notify, Semaphore};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
 
-use crate::handler::{Handler, Outcome};
-use crate::store::{ClaimRequest, ClaimedDelivery, Failure, LeaseToken, Store, NOTIFY_INTERVAL};
-use complete::{Completer, Running, RunningGuard};
+use crate::backoff::{Backoff, Retries};
+use crate::handler::Handler;
+use crate::store::{ClaimRequest, ClaimStats, ClaimedDelivery, LeaseToken, Store, WakeUp};
+use complete::{Completer, Running};
+pub use options::{worker_name, DispatchOptions, RetryPolicy};
 pub use report::{LogFormat, Reporter, Summary};
 
 /// How the dispatcher is asked to stop: the first signal drains, the second cancels.
@@ -54,72 +57,29 @@ pub async fn signalled(shutdown: &mut watch::Receiver<Shutdown>, state: Shutdown
     }
 }
 
-/// Exponential backoff with jitter: `base * 2^(attempt-1)`, capped, then scaled by a random
-/// factor in [0.5, 1) so failing deliveries do not retry in lockstep.
-#[derive(Clone, Copy, Debug)]
-pub struct Backoff {
-    pub base: Duration,
-    pub max: Duration,
-}
-
-impl Backoff {
-    pub fn delay(&self, attempt: i32) -> Duration {
-        let exp = attempt.clamp(1, 32) as u32 - 1;
-        let raw = self
-            .base
-            .saturating_mul(2u32.saturating_pow(exp))
-            .min(self.max);
-        raw.mul_f64(rand::thread_rng().gen_range(0.5..1.0))
-    }
-}
-
+/// A handler as the dispatcher runs it.
 pub struct HandlerSpec {
     pub name: String,
     pub handler: Arc<dyn Handler>,
-    pub max_attempts: i32,
-    pub backoff: Backoff,
-}
-
-#[derive(Clone, Debug)]
-pub struct DispatchOptions {
-    /// This worker instance; unique per process start.
-    pub owner: String,
-    pub concurrency: usize,
-    pub batch_size: usize,
-    pub poll_interval: Duration,
-    pub lease_duration: Duration,
-    pub completion_window: Duration,
-    pub shutdown_grace: Duration,
-    /// Exit once no due work is left.
-    pub drain: bool,
-    pub completion_history: bool,
-}
-
-/// A unique worker name: host, process and a random suffix.
-pub fn worker_name() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "host".into());
-    format!(
-        "{host}:{}:{:06x}",
-        std::process::id(),
-        rand::thread_rng().gen::<u32>() & 0xff_ffff
-    )
+    pub retry: RetryPolicy,
 }
 
 /// Lanes the first claim after a short one may take; doubled while claims stay short, so a
 /// worker holds only as many lanes as its batch needs.
 const FIRST_NEW_LANES: i64 = 4;
-const MAX_CLAIM_BACKOFF: Duration = Duration::from_secs(5);
+const CLAIM_RETRY: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 /// How long a claim waits for more free slots before it claims a partial batch (plus twice the
 /// completion window, the time deliveries finishing together need to be recorded).
 const CLAIM_LINGER: Duration = Duration::from_millis(2);
-/// A publishing store notifies at most once per NOTIFY_INTERVAL, so under a steady stream an
-/// event can commit just after its store's notification and wait for the next one. For one
-/// such interval after a claim that found work, an empty claim is followed by another after
-/// BUSY_POLL instead of waiting for a wake-up; an idle worker polls at --poll-interval.
+/// A publishing store may hold a wake-up back for a moment, so under a steady stream an event
+/// can commit just after its store's wake-up and wait for the next one. For that moment after a
+/// claim that found work, an empty claim is followed by another after BUSY_POLL instead of
+/// waiting for a wake-up; an idle worker polls at --poll-interval.
 const BUSY_POLL: Duration = Duration::from_millis(2);
+/// How long handing the lanes back at the end may take before they are left to expire.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// What the delivery tasks share.
 struct Context<S> {
     store: Arc<S>,
     handlers: HashMap<String, HandlerSpec>,
@@ -130,150 +90,232 @@ struct Context<S> {
     reporter: Arc<Reporter>,
 }
 
-/// Runs the worker until `shutdown` says stop (or, with `drain`, until no due work is left).
-/// `wake` ends an idle wait early (a wake-up listener signals it); polling works without it.
-pub async fn run<S: Store>(
+/// A worker: construct it, then `run` it until shutdown (or, with `drain`, until no due work is
+/// left).
+pub struct Dispatcher<S: Store> {
     store: Arc<S>,
     options: DispatchOptions,
-    handlers: Vec<HandlerSpec>,
+    ctx: Arc<Context<S>>,
     reporter: Arc<Reporter>,
+    /// The parts of every claim that never change.
+    template: ClaimRequest,
+    slots: Arc<Semaphore>,
+    tasks: JoinSet<Option<LeaseToken>>,
+    cancel: watch::Sender<bool>,
+    completer: JoinHandle<()>,
+    /// Lease renewal and the status line: they last until every delivery has ended.
+    background: Vec<JoinHandle<()>>,
+    /// Wake-ups mean nothing once the worker stops claiming.
+    wake_relay: Option<JoinHandle<()>>,
     wake: Arc<Notify>,
-    mut shutdown: watch::Receiver<Shutdown>,
-) -> crate::store::Result<Summary> {
-    let names: Vec<String> = handlers.iter().map(|h| h.name.clone()).collect();
-    let max_attempts: Vec<i32> = handlers.iter().map(|h| h.max_attempts).collect();
-    let running = Arc::new(Running::default());
-    let (completer, completer_task) = Completer::start(
-        Arc::clone(&store),
-        Arc::clone(&running),
-        options.completion_window,
-        options.completion_history,
-    );
-    let ctx = Arc::new(Context {
-        store: Arc::clone(&store),
-        handlers: handlers.into_iter().map(|h| (h.name.clone(), h)).collect(),
-        completer,
-        running,
-        outstanding: Mutex::new(HashSet::new()),
-        reporter: Arc::clone(&reporter),
-    });
-    let slots = Arc::new(Semaphore::new(options.concurrency));
-    let renewer = tokio::spawn(renew(
-        Arc::clone(&store),
-        options.owner.clone(),
-        options.lease_duration,
-        Arc::clone(&reporter),
-    ));
-    let status = tokio::spawn(status_line(
-        Arc::clone(&reporter),
-        Arc::clone(&slots),
-        options.concurrency,
-    ));
-    reporter.log(
-        "info",
-        "worker started",
-        &[
-            ("worker", &options.owner),
-            ("handlers", &names.join(",")),
-            ("concurrency", &options.concurrency),
-            ("batch_size", &options.batch_size),
-        ],
-    );
+    new_lanes: i64,
+    linger_until: Option<Instant>,
+    claim_retries: Retries,
+    found_work_at: Option<Instant>,
+}
 
-    let (cancel_tx, cancel_rx) = watch::channel(false);
-    let mut tasks: JoinSet<Option<LeaseToken>> = JoinSet::new();
-    let mut new_lanes = FIRST_NEW_LANES;
-    let full_batch = options.batch_size.min(options.concurrency);
-    let linger = options.completion_window * 2 + CLAIM_LINGER;
-    let mut linger_until = None;
-    let mut claim_backoff = Duration::from_millis(100);
-    let mut found_work_at = None;
-    while *shutdown.borrow() == Shutdown::Running {
-        while tasks.try_join_next().is_some() {}
-        let free = slots.available_permits();
-        if free == 0 {
-            tokio::select! {
-                slot = slots.acquire() => drop(slot),
-                _ = next_signal(&mut shutdown) => {}
-            }
-            continue;
+impl<S: Store> Dispatcher<S> {
+    pub fn new(
+        store: Arc<S>,
+        options: DispatchOptions,
+        handlers: Vec<HandlerSpec>,
+        reporter: Arc<Reporter>,
+    ) -> Self {
+        let template = ClaimRequest {
+            owner: options.owner.clone(),
+            handlers: handlers.iter().map(|h| h.name.clone()).collect(),
+            max_attempts: handlers.iter().map(|h| h.retry.max_attempts).collect(),
+            batch: 0,
+            new_lanes: 0,
+            lease: options.lease_duration,
+            outstanding: vec![],
+        };
+        let running = Arc::new(Running::default());
+        let (completer, completer_task) = Completer::start(
+            Arc::clone(&store),
+            Arc::clone(&running),
+            options.completion_window,
+            options.completion_history,
+        );
+        let ctx = Arc::new(Context {
+            store: Arc::clone(&store),
+            handlers: handlers.into_iter().map(|h| (h.name.clone(), h)).collect(),
+            completer,
+            running,
+            outstanding: Mutex::new(HashSet::new()),
+            reporter: Arc::clone(&reporter),
+        });
+        let slots = Arc::new(Semaphore::new(options.concurrency));
+        let wake = Arc::new(Notify::new());
+        let background = vec![
+            tokio::spawn(renew(
+                Arc::clone(&store),
+                options.owner.clone(),
+                options.lease_duration,
+                Arc::clone(&reporter),
+            )),
+            tokio::spawn(status_line(
+                Arc::clone(&reporter),
+                Arc::clone(&slots),
+                options.concurrency,
+            )),
+        ];
+        let wake_relay = options
+            .wake_ups
+            .then(|| relay_wake_ups(&*store, Arc::clone(&wake), Arc::clone(&reporter)))
+            .flatten();
+        Self {
+            store,
+            ctx,
+            reporter,
+            template,
+            slots,
+            tasks: JoinSet::new(),
+            cancel: watch::channel(false).0,
+            completer: completer_task,
+            background,
+            wake_relay,
+            wake,
+            new_lanes: FIRST_NEW_LANES,
+            linger_until: None,
+            claim_retries: CLAIM_RETRY.retries(),
+            found_work_at: None,
+            options,
         }
-        // Handlers that finish together free their slots together: wait a moment for them, so
-        // a claim carries a full batch instead of one claim per finished handler.
-        if free < full_batch {
-            let until = *linger_until.get_or_insert_with(|| tokio::time::Instant::now() + linger);
-            if tokio::time::Instant::now() < until {
-                tokio::select! {
-                    slots = slots.acquire_many(full_batch as u32) => drop(slots),
-                    _ = tokio::time::sleep_until(until) => {}
-                    _ = next_signal(&mut shutdown) => {}
-                }
+    }
+
+    /// Claims and runs deliveries until `shutdown` says stop, then stops as it says.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<Shutdown>) -> Summary {
+        self.reporter.log(
+            "info",
+            "worker started",
+            &[
+                ("worker", &self.options.owner),
+                ("handlers", &self.template.handlers.join(",")),
+                ("concurrency", &self.options.concurrency),
+                ("batch_size", &self.options.batch_size),
+            ],
+        );
+        while *shutdown.borrow() == Shutdown::Running {
+            while self.tasks.try_join_next().is_some() {}
+            let Some(want) = self.ready(&mut shutdown).await else {
+                continue;
+            };
+            let searched = self.new_lanes > 0;
+            let Some((claimed, stats)) = self.claim(want, &mut shutdown).await else {
+                continue;
+            };
+            let got = claimed.len();
+            self.start(claimed);
+            if !self.nothing_to_do(want, got, stats, searched) {
                 continue;
             }
+            if self.drained().await {
+                break;
+            }
+            self.idle(&mut shutdown).await;
         }
-        linger_until = None;
-        let want = free.min(options.batch_size);
+        self.stop(shutdown).await
+    }
+
+    /// The largest claim worth making: a full batch, or all the slots when they are fewer.
+    fn full_batch(&self) -> usize {
+        self.options.batch_size.min(self.options.concurrency)
+    }
+
+    /// Waits until a claim is worth making and returns its size, or None to look again (a slot
+    /// freed, a signal came). Handlers that finish together free their slots together: a
+    /// moment's wait for them makes one claim of a full batch instead of one per handler.
+    async fn ready(&mut self, shutdown: &mut watch::Receiver<Shutdown>) -> Option<usize> {
+        let free = self.slots.available_permits();
+        if free == 0 {
+            tokio::select! {
+                slot = self.slots.acquire() => drop(slot),
+                _ = next_signal(shutdown) => {}
+            }
+            return None;
+        }
+        let full = self.full_batch();
+        if free < full {
+            let linger = self.options.completion_window * 2 + CLAIM_LINGER;
+            let until = *self
+                .linger_until
+                .get_or_insert_with(|| Instant::now() + linger);
+            if Instant::now() < until {
+                tokio::select! {
+                    slots = self.slots.acquire_many(full as u32) => drop(slots),
+                    _ = tokio::time::sleep_until(until) => {}
+                    _ = next_signal(shutdown) => {}
+                }
+                return None;
+            }
+        }
+        self.linger_until = None;
+        Some(free.min(self.options.batch_size))
+    }
+
+    /// One claim; a failing one is logged and retried after a back-off.
+    async fn claim(
+        &mut self,
+        want: usize,
+        shutdown: &mut watch::Receiver<Shutdown>,
+    ) -> Option<(Vec<ClaimedDelivery>, ClaimStats)> {
         let request = ClaimRequest {
-            owner: options.owner.clone(),
-            handlers: names.clone(),
-            max_attempts: max_attempts.clone(),
             batch: want as i64,
-            new_lanes,
-            lease: options.lease_duration,
-            outstanding: ctx
+            new_lanes: self.new_lanes,
+            outstanding: self
+                .ctx
                 .outstanding
                 .lock()
                 .expect("outstanding lock")
                 .iter()
                 .cloned()
                 .collect(),
+            ..self.template.clone()
         };
-        let (claimed, stats) = match store.claim(&request).await {
-            Ok(c) => {
-                claim_backoff = Duration::from_millis(100);
-                c
+        match self.store.claim(&request).await {
+            Ok(claimed) => {
+                self.claim_retries.reset();
+                Some(claimed)
             }
             Err(e) => {
-                reporter.log(
+                let retry_in = self.claim_retries.next_delay();
+                self.reporter.log(
                     "warn",
                     "claim failed; retrying",
                     &[
                         ("error", &format!("{e:#}")),
-                        ("retry_in", &humantime::format_duration(claim_backoff)),
+                        ("retry_in", &humantime::format_duration(retry_in)),
                     ],
                 );
                 tokio::select! {
-                    _ = tokio::time::sleep(claim_backoff) => {}
-                    _ = next_signal(&mut shutdown) => {}
+                    _ = tokio::time::sleep(retry_in) => {}
+                    _ = next_signal(shutdown) => {}
                 }
-                claim_backoff = (claim_backoff * 2).min(MAX_CLAIM_BACKOFF);
-                continue;
+                None
             }
-        };
-        if stats.charged > 0 {
-            reporter.log(
-                "warn",
-                "took over expired lanes; charged one attempt to each delivery they had in flight",
-                &[("deliveries", &stats.charged)],
-            );
         }
-        let got = claimed.len();
-        ctx.outstanding
+    }
+
+    /// Starts a task per claimed delivery.
+    fn start(&mut self, claimed: Vec<ClaimedDelivery>) {
+        self.ctx
+            .outstanding
             .lock()
             .expect("outstanding lock")
             .extend(claimed.iter().map(|d| d.token.delivery_id.clone()));
         // The whole claim counts as running before any of it starts, so the completer does not
         // flush the first delivery to finish alone.
-        let guards: Vec<RunningGuard> = claimed.iter().map(|_| ctx.running.enter()).collect();
-        for (delivery, running) in claimed.into_iter().zip(guards) {
-            let permit = Arc::clone(&slots)
+        let guards: Vec<_> = claimed.iter().map(|_| self.ctx.running.enter()).collect();
+        for (claimed, running) in claimed.into_iter().zip(guards) {
+            let slot = Arc::clone(&self.slots)
                 .try_acquire_owned()
                 .expect("a claim never exceeds the free slots");
-            let ctx = Arc::clone(&ctx);
-            let cancel = cancel_rx.clone();
-            tasks.spawn(async move {
-                let id = delivery.token.delivery_id.clone();
-                let aborted = run_delivery(&ctx, delivery, running, permit, cancel).await;
+            let ctx = Arc::clone(&self.ctx);
+            let cancel = self.cancel.subscribe();
+            self.tasks.spawn(async move {
+                let id = claimed.token.delivery_id.clone();
+                let aborted = delivery::run(&ctx, claimed, running, slot, cancel).await;
                 ctx.outstanding
                     .lock()
                     .expect("outstanding lock")
@@ -281,210 +323,169 @@ pub async fn run<S: Store>(
                 aborted
             });
         }
-        let searched = request.new_lanes > 0;
-        // A full batch from the lanes it holds needs no search for free lanes (the search probes
-        // every lane); a short one widens it: 4, 8, 16... lanes at a time.
-        new_lanes = if got == want {
+    }
+
+    /// Learns from a claim: how widely the next one searches for free lanes (a full batch from
+    /// the lanes it holds needs no search; a short one widens it, 4, 8, 16... lanes at a
+    /// time). True when the claim found nothing, so the worker may rest.
+    fn nothing_to_do(
+        &mut self,
+        want: usize,
+        got: usize,
+        stats: ClaimStats,
+        searched: bool,
+    ) -> bool {
+        if stats.charged > 0 {
+            self.reporter.log(
+                "warn",
+                "took over expired lanes; charged one attempt to each delivery they had in flight",
+                &[("deliveries", &stats.charged)],
+            );
+        }
+        self.new_lanes = if got == want {
             0
         } else {
-            (new_lanes * 2).clamp(FIRST_NEW_LANES, 256)
+            (self.new_lanes * 2).clamp(FIRST_NEW_LANES, 256)
         };
         if got > 0 {
-            found_work_at = Some(tokio::time::Instant::now());
+            self.found_work_at = Some(Instant::now());
         }
-        if got > 0 || stats.lanes_taken > 0 || !searched {
-            continue;
+        got == 0 && stats.lanes_taken == 0 && searched
+    }
+
+    /// With `drain`: true once nothing runs and nothing of these handlers is due.
+    async fn drained(&self) -> bool {
+        if !(self.options.drain && self.tasks.is_empty()) {
+            return false;
         }
-        if options.drain && tasks.is_empty() {
-            match store.due_exists(&names).await {
-                Ok(false) => break,
-                Ok(true) => {}
-                Err(e) => reporter.log(
+        match self.store.due_exists(&self.template.handlers).await {
+            Ok(due) => !due,
+            Err(e) => {
+                self.reporter.log(
                     "warn",
                     "could not check for due work",
                     &[("error", &format!("{e:#}"))],
-                ),
+                );
+                false
             }
         }
-        let busy = found_work_at.is_some_and(|t| t.elapsed() < NOTIFY_INTERVAL);
+    }
+
+    /// Rests until a wake-up, the poll interval, a signal, or a delivery that ends.
+    async fn idle(&mut self, shutdown: &mut watch::Receiver<Shutdown>) {
+        let busy = self
+            .found_work_at
+            .is_some_and(|t| t.elapsed() < self.store.wake_up_delay());
         let poll = if busy {
-            BUSY_POLL.min(options.poll_interval)
+            BUSY_POLL.min(self.options.poll_interval)
         } else {
-            options.poll_interval
+            self.options.poll_interval
         };
         tokio::select! {
-            _ = wake.notified() => {}
+            _ = self.wake.notified() => {}
             _ = tokio::time::sleep(poll) => {}
-            _ = next_signal(&mut shutdown) => {}
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            _ = next_signal(shutdown) => {}
+            Some(_) = self.tasks.join_next(), if !self.tasks.is_empty() => {}
         }
     }
 
-    let mode = *shutdown.borrow();
-    if mode != Shutdown::Running {
-        reporter.log(
+    /// Stops claiming, lets running handlers finish within the grace period (none with a
+    /// second signal), aborts and releases the rest, and hands every lane back.
+    async fn stop(mut self, mut shutdown: watch::Receiver<Shutdown>) -> Summary {
+        if let Some(relay) = self.wake_relay.take() {
+            relay.abort();
+        }
+        if *shutdown.borrow() != Shutdown::Running {
+            self.reporter.log(
+                "info",
+                "stopping: no new claims",
+                &[
+                    ("running", &self.tasks.len()),
+                    (
+                        "grace",
+                        &humantime::format_duration(self.options.shutdown_grace),
+                    ),
+                ],
+            );
+        }
+        let deadline = Instant::now() + self.options.shutdown_grace;
+        while !self.tasks.is_empty() && *shutdown.borrow() != Shutdown::Immediate {
+            tokio::select! {
+                _ = self.tasks.join_next() => {}
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = signalled(&mut shutdown, Shutdown::Immediate) => break,
+            }
+        }
+        let _ = self.cancel.send(true);
+        let mut aborted = Vec::new();
+        while let Some(done) = self.tasks.join_next().await {
+            if let Ok(Some(token)) = done {
+                aborted.push(token);
+            }
+        }
+        for task in self.background.drain(..) {
+            task.abort();
+        }
+        // The last sender of completions goes with the context; the completer then flushes
+        // what it has and ends.
+        drop(self.ctx);
+        let _ = self.completer.await;
+        let release = self.store.release(&self.options.owner, &aborted);
+        match tokio::time::timeout(RELEASE_TIMEOUT, release).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => self.reporter.log(
+                "warn",
+                "could not hand the lanes back; they free up when the lease expires",
+                &[("error", &format!("{e:#}"))],
+            ),
+            Err(_) => self.reporter.log(
+                "warn",
+                "handing the lanes back timed out; they free up when the lease expires",
+                &[],
+            ),
+        }
+        let counters = &self.reporter.counters;
+        counters
+            .released
+            .fetch_add(aborted.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let summary = counters.summary();
+        self.reporter.log(
             "info",
-            "stopping: no new claims",
+            "worker stopped",
             &[
-                ("running", &tasks.len()),
-                ("grace", &humantime::format_duration(options.shutdown_grace)),
+                ("handled", &summary.handled),
+                ("failed", &summary.failed),
+                ("dead", &summary.dead),
+                ("lease_lost", &summary.lease_lost),
+                ("released", &summary.released),
             ],
         );
+        summary
     }
-    let deadline = tokio::time::Instant::now() + options.shutdown_grace;
-    while !tasks.is_empty() && *shutdown.borrow() != Shutdown::Immediate {
-        tokio::select! {
-            _ = tasks.join_next() => {}
-            _ = tokio::time::sleep_until(deadline) => break,
-            _ = signalled(&mut shutdown, Shutdown::Immediate) => break,
-        }
-    }
-    let _ = cancel_tx.send(true);
-    let mut aborted = Vec::new();
-    while let Some(done) = tasks.join_next().await {
-        if let Ok(Some(token)) = done {
-            aborted.push(token);
-        }
-    }
-    renewer.abort();
-    status.abort();
-    drop(ctx);
-    let _ = completer_task.await;
-    let release = store.release(&options.owner, &aborted);
-    match tokio::time::timeout(Duration::from_secs(10), release).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => reporter.log(
-            "warn",
-            "could not hand the lanes back; they free up when the lease expires",
-            &[("error", &format!("{e:#}"))],
-        ),
-        Err(_) => reporter.log(
-            "warn",
-            "handing the lanes back timed out; they free up when the lease expires",
-            &[],
-        ),
-    }
-    reporter
-        .counters
-        .released
-        .fetch_add(aborted.len() as u64, std::sync::atomic::Ordering::Relaxed);
-    let summary = reporter.counters.summary();
-    reporter.log(
-        "info",
-        "worker stopped",
-        &[
-            ("handled", &summary.handled),
-            ("failed", &summary.failed),
-            ("dead", &summary.dead),
-            ("lease_lost", &summary.lease_lost),
-            ("released", &summary.released),
-        ],
-    );
-    Ok(summary)
 }
 
-/// Runs one delivery to its end. Returns its token when it was aborted by shutdown.
-async fn run_delivery<S: Store>(
-    ctx: &Context<S>,
-    delivery: ClaimedDelivery,
-    running: RunningGuard,
-    slot: OwnedSemaphorePermit,
-    mut cancel: watch::Receiver<bool>,
-) -> Option<LeaseToken> {
-    let spec = ctx
-        .handlers
-        .get(&delivery.handler)
-        .expect("claims only return deliveries of the worker's handlers");
-    let outcome = tokio::select! {
-        outcome = spec.handler.handle(&delivery) => outcome,
-        _ = cancel.wait_for(|c| *c) => return Some(delivery.token),
-    };
-    // Concurrency bounds running handlers. Recording the outcome overlaps the next claim: the
-    // delivery stays in its lane's in-flight list until it is deleted or rescheduled, so the
-    // claim cannot pick it again.
-    drop(slot);
-    let attempt = delivery.attempts + 1;
-    let counters = &ctx.reporter.counters;
-    use std::sync::atomic::Ordering::Relaxed;
-    let (failure, error) = match outcome {
-        Outcome::Completed => {
-            let pending = ctx.completer.submit(delivery.token.clone());
-            drop(running);
-            match pending.verdict().await {
-                Ok(true) => {
-                    counters.handled.fetch_add(1, Relaxed);
-                }
-                Ok(false) => {
-                    counters.lease_lost.fetch_add(1, Relaxed);
-                    lease_lost(ctx, &delivery);
-                }
-                Err(e) => ctx.reporter.log(
-                    "error",
-                    "could not record the completion; the delivery runs again after its lease expires",
-                    &[("delivery", &delivery.token.delivery_id), ("error", &e)],
+/// Turns the store's wake-ups into `wake`, logging a lost subscription as it happens.
+fn relay_wake_ups<S: Store>(
+    store: &S,
+    wake: Arc<Notify>,
+    reporter: Arc<Reporter>,
+) -> Option<JoinHandle<()>> {
+    let mut wake_ups = store.wake_ups()?;
+    Some(tokio::spawn(async move {
+        loop {
+            match wake_ups.next().await {
+                WakeUp::Signal => wake.notify_one(),
+                WakeUp::Lost { error, retry_in } => reporter.log(
+                    "warn",
+                    "wake-up connection lost; polling until it is back",
+                    &[
+                        ("error", &error),
+                        ("retry_in", &humantime::format_duration(retry_in)),
+                    ],
                 ),
             }
-            return None;
         }
-        Outcome::Rejected { error } => (Failure::Bury, error),
-        Outcome::Failed { error, .. } if attempt >= spec.max_attempts => (Failure::Bury, error),
-        Outcome::Failed { error, retry_after } => {
-            let delay = retry_after
-                .map(|d| d.min(spec.backoff.max))
-                .unwrap_or_else(|| spec.backoff.delay(attempt));
-            (Failure::Reschedule { delay }, error)
-        }
-    };
-    drop(running);
-    match ctx.store.fail(&delivery.token, &failure, &error).await {
-        Ok(true) => {
-            let fields: [(&str, &dyn std::fmt::Display); 5] = [
-                ("delivery", &delivery.token.delivery_id),
-                ("event", &delivery.event_id),
-                ("handler", &delivery.handler),
-                ("attempt", &attempt),
-                ("error", &error),
-            ];
-            match failure {
-                Failure::Bury => {
-                    counters.dead.fetch_add(1, Relaxed);
-                    ctx.reporter
-                        .log("error", "delivery buried (dead letter)", &fields);
-                }
-                Failure::Reschedule { delay } => {
-                    counters.failed.fetch_add(1, Relaxed);
-                    let retry =
-                        humantime::format_duration(Duration::from_millis(delay.as_millis() as u64))
-                            .to_string();
-                    let mut with_retry = fields.to_vec();
-                    with_retry.push(("retry_in", &retry));
-                    ctx.reporter
-                        .log("warn", "attempt failed; rescheduled", &with_retry);
-                }
-            }
-        }
-        Ok(false) => {
-            counters.lease_lost.fetch_add(1, Relaxed);
-            lease_lost(ctx, &delivery);
-        }
-        Err(e) => ctx.reporter.log(
-            "error",
-            "could not record the failed attempt; the delivery runs again after its lease expires",
-            &[
-                ("delivery", &delivery.token.delivery_id),
-                ("error", &format!("{e:#}")),
-            ],
-        ),
-    }
-    None
-}
-
-fn lease_lost<S>(ctx: &Context<S>, d: &ClaimedDelivery) {
-    ctx.reporter.log(
-        "warn",
-        "lease lost: another worker took the lane over; the delivery runs again there",
-        &[("delivery", &d.token.delivery_id), ("token", &d.token)],
-    );
+    }))
 }
 
 async fn renew<S: Store>(store: Arc<S>, owner: String, lease: Duration, reporter: Arc<Reporter>) {

@@ -15,6 +15,18 @@ pub enum LogFormat {
     Json,
 }
 
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!("unknown log format `{s}` (text or json)")),
+        }
+    }
+}
+
 #[derive(Default, Debug)]
 pub struct Counters {
     pub handled: AtomicU64,

@@ -14,7 +14,7 @@ use super::{tail, Envelope, Handler, HandlerFuture, Outcome};
 use crate::store::ClaimedDelivery;
 
 /// The exit code that buries a delivery at once.
-pub const EX_DATAERR: i32 = 65;
+pub(super) const EX_DATAERR: i32 = 65;
 /// How much of stderr becomes `last_error`.
 const STDERR_TAIL: usize = 2048;
 

@@ -41,7 +41,12 @@ impl Namespace {
 
     /// `"schema"."prefix<name>"`, quoted.
     pub fn table(&self, name: &str) -> String {
-        format!("\"{}\".\"{}{}\"", self.schema, self.prefix, name)
+        format!("\"{}\".\"{}\"", self.schema, self.table_name(name))
+    }
+
+    /// `prefix<name>`, as the catalog names it.
+    pub fn table_name(&self, name: &str) -> String {
+        format!("{}{}", self.prefix, name)
     }
 }
 

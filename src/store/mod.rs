@@ -1,38 +1,63 @@
-//! The store engine: the data model of relaybus 0.2 behind one trait, so every command works the
-//! same on any store. Domain types and errors live here; `postgres` is the implementation.
-//! Nothing in this module knows about the command line.
+//! The store engine: the data model of relaybus 0.2 behind one trait, so every command and the
+//! dispatcher work the same on any store. `open` picks the engine from the URL; the types,
+//! errors, options and rules here name no engine. Nothing in this module knows about the
+//! command line.
 
+mod any;
+pub mod bench;
 mod error;
 mod ident;
 pub mod lane;
-pub mod postgres;
+mod options;
+mod postgres;
+mod retention;
+mod status;
 mod types;
+mod wake;
 
 use std::future::Future;
+use std::time::Duration;
 
-pub use error::StoreError;
+pub use any::{open, redact_url, schema_script, AnyStore, Engine, Script};
+pub use error::{BoxError, StoreError};
 pub use ident::Namespace;
+pub use options::StoreOptions;
+pub use retention::purge;
+pub use status::{
+    LiveLeases, SchemaStatus, SetupOutcome, UpgradeCounts, UpgradePlan, UpgradeStep, SCHEMA_VERSION,
+};
 pub use types::*;
+pub use wake::{WakeUp, WakeUps};
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
-/// A store sends at most one wake-up notification per interval, after the publishes' commits;
-/// workers know it, so they can tell how long a wake-up may lag behind a commit.
-pub const NOTIFY_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
-
 /// What every store does. Futures are `Send` so a store can serve many tasks of the dispatcher.
 pub trait Store: Send + Sync + 'static {
+    /// Where the store lives.
+    fn namespace(&self) -> &Namespace;
+
     /// The installed schema version, read without writing anything.
     fn schema_status(&self) -> impl Future<Output = Result<SchemaStatus>> + Send;
+
+    /// Fails with the error a command should show unless the schema is current.
+    fn require_current(&self) -> impl Future<Output = Result<()>> + Send {
+        async move {
+            match self.schema_status().await?.error(self.namespace()) {
+                None => Ok(()),
+                Some(e) => Err(e),
+            }
+        }
+    }
 
     /// Installs or converts in place, under the store's setup lock. Refuses a 0.1 store with
     /// live leases unless `force`.
     fn setup(&self, force: bool) -> impl Future<Output = Result<SetupOutcome>> + Send;
 
-    /// What `upgrade` would do, read inside one read-only transaction.
+    /// What `upgrade` would do, read without writing anything.
     fn upgrade_plan(&self) -> impl Future<Output = Result<UpgradePlan>> + Send;
 
-    /// Runs the 0.1 -> 0.2 conversion in one transaction, reporting each step as it starts.
+    /// Runs the 0.1 -> 0.2 conversion atomically, reporting each step as it starts (step, its
+    /// number from 1, how many). On a store that is not at 0.1 it changes nothing.
     fn upgrade(
         &self,
         force: bool,
@@ -45,14 +70,21 @@ pub trait Store: Send + Sync + 'static {
         events: &[NewEvent],
     ) -> impl Future<Output = Result<Vec<PublishedDelivery>>> + Send;
 
-    /// Wakes idle workers now (publishes already coalesce their own wake-ups).
-    fn notify(&self) -> impl Future<Output = Result<()>> + Send;
+    /// Sends any wake-up this store is holding back, for a caller about to exit.
+    fn flush_wake_ups(&self) -> impl Future<Output = Result<()>> + Send;
 
-    /// Claims due deliveries for a worker in one short transaction.
+    /// A subscription to wake-ups, when the store can tell its workers of new work.
+    fn wake_ups(&self) -> Option<WakeUps>;
+
+    /// How long after a commit a publishing store may hold back its wake-up: for that long
+    /// after finding work, a worker polls briskly instead of waiting for one.
+    fn wake_up_delay(&self) -> Duration;
+
+    /// Claims due deliveries for a worker atomically.
     fn claim(
         &self,
         req: &ClaimRequest,
-    ) -> impl Future<Output = Result<(Vec<ClaimedDelivery>, postgres::ClaimStats)>> + Send;
+    ) -> impl Future<Output = Result<(Vec<ClaimedDelivery>, ClaimStats)>> + Send;
 
     /// Deletes the deliveries whose tokens are still valid; returns their ids.
     fn complete(
@@ -61,20 +93,17 @@ pub trait Store: Send + Sync + 'static {
         history: bool,
     ) -> impl Future<Output = Result<Vec<String>>> + Send;
 
-    /// Reschedules or buries one delivery; false when its lease was lost.
+    /// Records a failed attempt: rescheduled, or buried at the handler's last attempt or when
+    /// rejected.
     fn fail(
         &self,
         token: &LeaseToken,
         failure: &Failure,
         error: &str,
-    ) -> impl Future<Output = Result<bool>> + Send;
+    ) -> impl Future<Output = Result<FailOutcome>> + Send;
 
     /// Extends the leases of the lanes the owner runs work in; returns how many.
-    fn renew(
-        &self,
-        owner: &str,
-        lease: std::time::Duration,
-    ) -> impl Future<Output = Result<u64>> + Send;
+    fn renew(&self, owner: &str, lease: Duration) -> impl Future<Output = Result<u64>> + Send;
 
     /// Releases aborted deliveries (no attempt charged) and hands back every lane of the owner.
     fn release(
@@ -102,8 +131,8 @@ pub trait Store: Send + Sync + 'static {
     /// How many dead deliveries a requeue would select.
     fn count_dead(&self, selector: &RequeueSelector) -> impl Future<Output = Result<i64>> + Send;
 
-    /// Makes the selected dead deliveries pending, due now, with a fresh attempt budget, in one
-    /// transaction; returns their ids.
+    /// Makes the selected dead deliveries pending, due now, with a fresh attempt budget,
+    /// atomically; returns their ids.
     fn requeue(
         &self,
         selector: &RequeueSelector,
@@ -119,47 +148,14 @@ pub trait Store: Send + Sync + 'static {
     fn purge_batch(
         &self,
         kind: PurgeKind,
-        age: std::time::Duration,
+        age: Duration,
         batch: i64,
     ) -> impl Future<Output = Result<PurgeBatch>> + Send;
 
     fn lanes(&self) -> impl Future<Output = Result<Vec<LaneRow>>> + Send;
 
     fn stats(&self) -> impl Future<Output = Result<Vec<HandlerStats>>> + Send;
-}
 
-/// Retention: dead deliveries, then completed rows kept from 0.1, the completion history, and
-/// last the events left without deliveries (so events freed by this purge go too), each in
-/// bounded batches so that no statement holds its locks for long. `progress` sees the running
-/// totals after every batch.
-pub async fn purge<S: Store>(
-    store: &S,
-    options: &PurgeOptions,
-    progress: impl Fn(&PurgeCounts),
-) -> Result<PurgeCounts> {
-    let mut done = PurgeCounts::default();
-    let steps = [
-        (PurgeKind::Dead, options.dead_older_than),
-        (PurgeKind::Completed, options.completed_older_than),
-        (PurgeKind::History, options.completed_older_than),
-        (PurgeKind::Events, options.completed_older_than),
-    ];
-    for (kind, age) in steps {
-        let Some(age) = age else { continue };
-        loop {
-            let batch = store.purge_batch(kind, age, options.batch).await?;
-            let total = match kind {
-                PurgeKind::Dead => &mut done.dead,
-                PurgeKind::Completed => &mut done.completed,
-                PurgeKind::History => &mut done.history,
-                PurgeKind::Events => &mut done.events,
-            };
-            *total += batch.deleted;
-            progress(&done);
-            if !batch.more {
-                break;
-            }
-        }
-    }
-    Ok(done)
+    /// What this store has sent so far.
+    fn client_counts(&self) -> ClientCounts;
 }

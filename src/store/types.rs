@@ -3,73 +3,6 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-/// The schema version this binary installs and works with.
-pub const SCHEMA_VERSION: &str = "0.2";
-
-/// What is installed in a namespace.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(tag = "state", rename_all = "snake_case")]
-pub enum SchemaStatus {
-    NotInstalled,
-    /// A 0.1 store (deliveries still carry `lease_token`).
-    V01,
-    /// Tables exist but the version row is missing: an interrupted or hand-applied install.
-    Incomplete,
-    Current,
-    Newer {
-        version: String,
-    },
-}
-
-impl SchemaStatus {
-    pub fn describe(&self) -> String {
-        match self {
-            SchemaStatus::NotInstalled => "not installed".into(),
-            SchemaStatus::V01 => "0.1".into(),
-            SchemaStatus::Incomplete => "0.2 (incomplete)".into(),
-            SchemaStatus::Current => SCHEMA_VERSION.into(),
-            SchemaStatus::Newer { version } => version.clone(),
-        }
-    }
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct SetupOutcome {
-    pub before: SchemaStatus,
-    pub after: SchemaStatus,
-}
-
-/// One step of the 0.1 -> 0.2 conversion, as planned.
-#[derive(Clone, Debug, Serialize)]
-pub struct UpgradeStep {
-    pub name: String,
-    pub description: String,
-    /// Rows the step rewrites, where it rewrites rows.
-    pub rows: Option<i64>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct UpgradePlan {
-    pub found: SchemaStatus,
-    pub steps: Vec<UpgradeStep>,
-    pub counts: UpgradeCounts,
-    pub indexes_dropped: Vec<String>,
-    pub indexes_created: Vec<String>,
-    pub tables_created: Vec<String>,
-    pub live_leases: i64,
-    pub live_leases_until: Option<String>,
-}
-
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct UpgradeCounts {
-    pub events: i64,
-    pub deliveries: i64,
-    pub pending: i64,
-    pub processing: i64,
-    pub completed: i64,
-    pub dead: i64,
-}
-
 /// An event to publish, validated.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NewEvent {
@@ -229,18 +162,49 @@ pub struct ClaimRequest {
     pub outstanding: Vec<String>,
 }
 
-/// How a failed attempt ends.
+/// What a claim found, beyond the deliveries.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimStats {
+    /// Deliveries charged one attempt because their lane was taken over.
+    pub charged: i64,
+    /// Free or expired lanes taken by this claim.
+    pub lanes_taken: i64,
+}
+
+/// A failed attempt, as the dispatcher reports it. The store decides what follows: the last
+/// attempt of a handler is buried wherever it ends (a failure, or a takeover after a crash), so
+/// the rule lives with the store, once.
 #[derive(Clone, Debug)]
 pub enum Failure {
-    /// Due again after the delay, with one more attempt spent.
-    Reschedule { delay: std::time::Duration },
+    /// Due again after `delay`, unless this was attempt `max_attempts`: then buried.
+    Retry {
+        delay: std::time::Duration,
+        max_attempts: i32,
+    },
+    /// The handler says retrying cannot help: buried at once.
+    Reject,
+}
+
+/// How a failed attempt was recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailOutcome {
+    Rescheduled,
     /// Dead letter: never claimed again until requeued.
-    Bury,
+    Buried,
+    /// The token was no longer valid (the lane was taken over): nothing was written.
+    LeaseLost,
+}
+
+/// Statements (or operations) a store sent, and how many of them the server had to parse.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClientCounts {
+    pub statements: u64,
+    pub parses: u64,
 }
 
 /// A delivery's state as operators see it. `processing` is derived: a pending delivery listed
 /// in its lane's in-flight set under a live lease.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DeliveryStatus {
     Pending,
@@ -258,6 +222,17 @@ pub struct DeliveryFilter {
     pub event_id: Option<String>,
     pub event_type: Option<String>,
     pub limit: i64,
+}
+
+impl DeliveryStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryStatus::Pending => "pending",
+            DeliveryStatus::Processing => "processing",
+            DeliveryStatus::Dead => "dead",
+            DeliveryStatus::Completed => "completed",
+        }
+    }
 }
 
 /// One delivery as listed. Completion-history entries have no delivery id.
@@ -288,7 +263,7 @@ pub struct DeliveryDetail {
     pub lane_owner: Option<String>,
     pub lane_epoch: i64,
     pub lease_expires_at: Option<chrono::DateTime<chrono::Utc>>,
-    /// `lane:epoch:claims` while the delivery is processing.
+    /// `lane:epoch:claims` (a `LeaseToken`) while the delivery is processing.
     pub lease_token: Option<String>,
 }
 
@@ -335,6 +310,17 @@ pub struct PurgeCounts {
     pub completed: i64,
     pub history: i64,
     pub events: i64,
+}
+
+impl PurgeCounts {
+    pub fn of_mut(&mut self, kind: PurgeKind) -> &mut i64 {
+        match kind {
+            PurgeKind::Dead => &mut self.dead,
+            PurgeKind::Completed => &mut self.completed,
+            PurgeKind::History => &mut self.history,
+            PurgeKind::Events => &mut self.events,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]

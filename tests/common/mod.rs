@@ -2,12 +2,14 @@
 
 pub mod http;
 
+use std::io::Read;
 use std::process::{Child, Command as StdCommand, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
+use relaybus::store::{AnyStore, Namespace, StoreOptions};
 use tokio_postgres::{Client, NoTls, Row};
 
 pub fn database_url() -> String {
@@ -40,14 +42,17 @@ fn connect_to(url: &str) -> Client {
     })
 }
 
+/// A schema or database name no other test uses, within PostgreSQL's 63 bytes.
 fn unique(test: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
-    format!(
+    let mut name = format!(
         "t{}_{}_{}",
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed),
         test
-    )
+    );
+    name.truncate(63);
+    name
 }
 
 /// A database of its own, for tests whose counters depend on what other sessions of the same
@@ -120,13 +125,15 @@ impl TestSchema {
     /// A schema holding the reconstructed 0.1 store.
     pub fn with_fixture_0_1(test: &str) -> Self {
         let s = Self::new(test);
-        s.exec(&s.render(include_str!("../../sql/fixtures/store-0.1.sql")));
+        s.exec(
+            &s.namespace()
+                .render(include_str!("../../sql/fixtures/store-0.1.sql")),
+        );
         s
     }
 
-    pub fn render(&self, sql: &str) -> String {
-        sql.replace("{{schema}}", &self.name)
-            .replace("{{prefix}}", "relaybus_")
+    pub fn namespace(&self) -> Namespace {
+        Namespace::new(&self.name, "relaybus_").unwrap()
     }
 
     pub fn table(&self, name: &str) -> String {
@@ -135,7 +142,7 @@ impl TestSchema {
 
     /// The binary, pointed at this schema.
     pub fn cmd(&self) -> Command {
-        let mut cmd = Command::cargo_bin("relaybus").unwrap();
+        let mut cmd = relaybus();
         cmd.env("RELAYBUS_DATABASE_URL", &self.url)
             .env_remove("RELAYBUS_WEBHOOK_SECRET")
             .args(["--schema", &self.name]);
@@ -174,6 +181,52 @@ impl Drop for TestSchema {
             self.client
                 .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name)),
         );
+    }
+}
+
+/// The store of a test's schema, as the library opens it.
+pub fn open_store(s: &TestSchema, options: StoreOptions) -> AnyStore {
+    relaybus::store::open(Some(&s.url), s.namespace(), options).unwrap()
+}
+
+/// The binary, killed if it runs longer than a minute (a test fails; it never hangs).
+pub fn relaybus() -> Command {
+    let mut cmd = Command::cargo_bin("relaybus").unwrap();
+    cmd.timeout(Duration::from_secs(60));
+    cmd
+}
+
+/// Waits for a spawned child, at most `timeout`: on timeout it is killed and the test fails.
+pub fn finish(mut child: Child, timeout: Duration) -> Output {
+    fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut buf = vec![];
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    }
+    let (out, err) = (drain(child.stdout.take()), drain(child.stderr.take()));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the child did not exit within {timeout:?}; stderr: {}",
+                String::from_utf8_lossy(&err.join().unwrap())
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
     }
 }
 

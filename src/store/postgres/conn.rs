@@ -1,61 +1,71 @@
-//! Connections to PostgreSQL: where to connect, how statements are sent, and a small pool.
+//! Connections to PostgreSQL: where to connect (resolved once), the one place that opens a
+//! connection (for the pool, the wake-up listener and the benchmark alike), the session a
+//! connection runs, and a small pool.
 //!
-//! Every statement whose text never changes is a `Sql` with a fixed slot. With prepared
-//! statements on, a connection parses each one once and afterwards only binds parameters; with
-//! them off (PgBouncer before 1.21 in transaction mode), each call sends Parse, Bind and Execute
-//! of an unnamed statement in one round trip, which poolers accept.
+//! With prepared statements on, a connection parses each statement once and afterwards only
+//! binds parameters; with them off (PgBouncer before 1.21 in transaction mode), each call sends
+//! Parse, Bind and Execute of an unnamed statement in one round trip, which poolers accept.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Config, NoTls, Row, Statement};
+use tokio_postgres::tls::NoTlsStream;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Config, Connection, NoTls, Row, Socket, Statement};
 
-use crate::store::{Result, StoreError};
+use super::sql::Sql;
+use crate::store::{redact_url, ClientCounts, Result, StoreError, StoreOptions};
 
 /// How to reach the server, resolved once from the URL or the libpq variables.
 #[derive(Clone, Debug)]
-pub struct ConnectOptions {
-    pub config: Config,
-    /// `host:port/db as user`, for messages; never holds the password.
-    pub target: String,
-    pub prepared_statements: bool,
-    pub lock_timeout: Duration,
+pub(crate) struct ConnectOptions {
+    config: Config,
+    /// `PostgreSQL at host:port/db as user`, for messages; never holds the password.
+    target: String,
 }
 
 impl ConnectOptions {
     /// From a `postgres://` URL, or from `PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD` and
     /// `PGDATABASE` with libpq's defaults when no URL is given.
-    pub fn resolve(url: Option<&str>) -> Result<Config> {
-        match url {
-            Some(url) => {
-                if url.starts_with("mongodb://") || url.starts_with("mongodb+srv://") {
-                    return Err(StoreError::MongoUnavailable);
-                }
-                if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-                    return Err(StoreError::UnsupportedUrl(redact_url(url)));
-                }
-                url.parse::<Config>()
-                    .map_err(|_| StoreError::UnsupportedUrl(redact_url(url)))
-            }
-            None => Ok(from_libpq_env()),
-        }
-    }
-
-    pub fn new(config: Config, prepared_statements: bool, lock_timeout: Duration) -> Self {
+    pub(crate) fn resolve(url: Option<&str>) -> Result<Self> {
+        let mut config = match url {
+            Some(url) => url
+                .parse::<Config>()
+                .map_err(|_| StoreError::UnsupportedUrl(redact_url(url)))?,
+            None => from_libpq_env(),
+        };
         let target = describe_target(&config);
-        let mut config = config;
         if config.get_application_name().is_none() {
             config.application_name("relaybus");
         }
-        Self {
-            config,
-            target,
-            prepared_statements,
-            lock_timeout,
+        Ok(Self { config, target })
+    }
+
+    /// A new connection, and the task that drives it (its errors reach the client's next
+    /// request). The listener polls the connection itself.
+    pub(crate) async fn connect_raw(&self) -> Result<(Client, Connection<Socket, NoTlsStream>)> {
+        self.config
+            .connect(NoTls)
+            .await
+            .map_err(|cause| self.connect_error(cause))
+    }
+
+    /// A new connection driven by a task of its own.
+    pub(crate) async fn connect(&self) -> Result<Client> {
+        let (client, connection) = self.connect_raw().await?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(client)
+    }
+
+    pub(crate) fn connect_error(&self, cause: tokio_postgres::Error) -> StoreError {
+        StoreError::Connect {
+            target: self.target.clone(),
+            detail: describe(&cause),
+            cause: Box::new(cause),
         }
     }
 }
@@ -101,164 +111,162 @@ fn describe_target(config: &Config) -> String {
     )
 }
 
-/// A URL with its password replaced by `***`, for messages and logs.
-pub fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    match (authority.rfind('@'), authority.find(':')) {
-        (Some(at), Some(colon)) if colon < at => format!(
-            "{}{}:***{}",
-            &url[..scheme_end + 3],
-            &authority[..colon],
-            &rest[at..]
-        ),
-        _ => url.to_owned(),
+/// The server's own words for an error: message, SQLSTATE and detail.
+pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let mut s = format!("{} ({})", db.message(), db.code().code());
+            if let Some(detail) = db.detail() {
+                s.push_str(&format!(": {detail}"));
+            }
+            s
+        }
+        // The driver's text repeats "error connecting to server: "; the cause is what matters.
+        None => match std::error::Error::source(e) {
+            Some(cause) => cause.to_string(),
+            None => e.to_string(),
+        },
     }
 }
+
+/// Wraps a driver error with what was being done.
+pub(crate) fn db(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> StoreError {
+    let context = context.into();
+    move |cause| StoreError::Database {
+        context,
+        detail: describe(&cause),
+        cause: Box::new(cause),
+    }
+}
+
+/// The driver error behind a store error, if any.
+pub(crate) fn driver_error(e: &StoreError) -> Option<&tokio_postgres::Error> {
+    match e {
+        StoreError::Database { cause, .. } | StoreError::Connect { cause, .. } => {
+            cause.downcast_ref()
+        }
+        _ => None,
+    }
+}
+
+/// What a session does with statements, decided per store.
+#[derive(Clone, Copy, Debug)]
+struct Session {
+    prepared: bool,
+    /// Plan every statement once for every call (see the design note on the delivery path).
+    tuned: bool,
+}
+
+/// The session settings of a tuned connection: one generic plan per statement, made without
+/// sequential scans and without JIT. Left to the server's defaults, a connection's first plan
+/// of a statement is often made on an empty store and would scan a table of millions, and a
+/// generic plan's estimate can pass `jit_above_cost` and compile on every call.
+const TUNED_SESSION: &str =
+    "SET plan_cache_mode = force_generic_plan; SET jit = off; SET enable_seqscan = off";
 
 /// Statements a store sent, and how many of them the server had to parse (a prepare, or an
 /// unnamed statement).
 #[derive(Debug, Default)]
-pub(crate) struct StatementCounts {
+struct StatementCounts {
     statements: AtomicU64,
     parses: AtomicU64,
 }
 
-impl StatementCounts {
-    pub fn get(&self) -> (u64, u64) {
-        (
-            self.statements.load(Ordering::Relaxed),
-            self.parses.load(Ordering::Relaxed),
-        )
-    }
-}
-
-/// A statement with a fixed text for the life of a store, and its parameter types.
-#[derive(Debug)]
-pub(crate) struct Sql {
-    pub slot: usize,
-    pub text: String,
-    pub types: &'static [Type],
-}
-
 /// One server session and the statements it has prepared.
 pub(crate) struct Conn {
-    pub client: Client,
-    prepared_statements: bool,
-    prepared: HashMap<usize, Statement>,
+    pub(crate) client: Client,
+    session: Session,
+    prepared: HashMap<&'static str, Statement>,
     counts: Arc<StatementCounts>,
 }
 
 pub(crate) type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
 impl Conn {
-    pub async fn connect(opts: &ConnectOptions, counts: Arc<StatementCounts>) -> Result<Conn> {
-        let (client, connection) =
-            opts.config
-                .connect(NoTls)
-                .await
-                .map_err(|cause| StoreError::Connect {
-                    target: opts.target.clone(),
-                    cause,
-                })?;
-        tokio::spawn(async move {
-            // The error reaches the caller through the client's next request.
-            let _ = connection.await;
-        });
-        if opts.prepared_statements {
-            // The statements take arrays and are written for one plan that fits every call;
-            // left to choose, the server re-plans the claim on every call (measured: 1.9 ms of
-            // planning against 1.3 ms of execution). A connection keeps the plan it made first,
-            // often on a store that was empty then: there every statement would read its tables
-            // sequentially, and keep doing so over a backlog of millions until an autoanalyze.
-            // Every statement here has an index for its access, so sequential scans are ruled
-            // out. A generic plan's estimates know nothing of the arrays' sizes and can pass
-            // jit_above_cost, and then every execution of the claim compiled its expressions
-            // first: 37-40 ms of LLVM emission in a 41 ms claim (auto_explain). Unnamed
-            // statements are planned per call anyway, and a pooler would leak the settings to
-            // other clients, so they are set only here.
+    async fn open(
+        opts: &ConnectOptions,
+        session: Session,
+        counts: Arc<StatementCounts>,
+    ) -> Result<Conn> {
+        let client = opts.connect().await?;
+        if session.tuned {
             client
-                .batch_execute(
-                    "SET plan_cache_mode = force_generic_plan; SET jit = off; \
-                     SET enable_seqscan = off",
-                )
+                .batch_execute(TUNED_SESSION)
                 .await
-                .map_err(|cause| StoreError::Connect {
-                    target: opts.target.clone(),
-                    cause,
-                })?;
+                .map_err(|cause| opts.connect_error(cause))?;
         }
         Ok(Conn {
             client,
-            prepared_statements: opts.prepared_statements,
+            session,
             prepared: HashMap::new(),
             counts,
         })
     }
 
-    pub async fn query(
+    /// Runs a statement of the delivery path: prepared once per connection, or unnamed.
+    pub(crate) async fn query(
         &mut self,
         sql: &Sql,
         params: Params<'_>,
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
         self.counts.statements.fetch_add(1, Ordering::Relaxed);
-        if self.prepared_statements {
+        if self.session.prepared {
             let statement = self.statement(sql).await?;
             self.client.query(&statement, params).await
         } else {
             self.counts.parses.fetch_add(1, Ordering::Relaxed);
-            self.client
-                .query_typed(&sql.text, &typed(sql, params))
-                .await
+            self.client.query_typed(&sql.text, &sql.typed(params)).await
         }
     }
 
-    pub async fn execute(
+    /// Runs a statement of the delivery path for its row count.
+    pub(crate) async fn execute(
         &mut self,
         sql: &Sql,
         params: Params<'_>,
     ) -> Result<u64, tokio_postgres::Error> {
         self.counts.statements.fetch_add(1, Ordering::Relaxed);
-        if self.prepared_statements {
+        if self.session.prepared {
             let statement = self.statement(sql).await?;
             self.client.execute(&statement, params).await
         } else {
             self.counts.parses.fetch_add(1, Ordering::Relaxed);
             self.client
-                .execute_typed(&sql.text, &typed(sql, params))
+                .execute_typed(&sql.text, &sql.typed(params))
                 .await
         }
     }
 
+    /// Runs an operator's statement unnamed, so the server plans it for these values: a NULL
+    /// filter drops out of the plan. One round trip, which poolers accept too.
+    pub(crate) async fn query_once(
+        &self,
+        sql: &Sql,
+        params: Params<'_>,
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        self.counts.statements.fetch_add(1, Ordering::Relaxed);
+        self.counts.parses.fetch_add(1, Ordering::Relaxed);
+        self.client.query_typed(&sql.text, &sql.typed(params)).await
+    }
+
     async fn statement(&mut self, sql: &Sql) -> Result<Statement, tokio_postgres::Error> {
-        if let Some(s) = self.prepared.get(&sql.slot) {
+        if let Some(s) = self.prepared.get(sql.name) {
             return Ok(s.clone());
         }
         self.counts.parses.fetch_add(1, Ordering::Relaxed);
-        let s = self.client.prepare_typed(&sql.text, sql.types).await?;
-        self.prepared.insert(sql.slot, s.clone());
+        let s = self.client.prepare_typed(&sql.text, &sql.types).await?;
+        self.prepared.insert(sql.name, s.clone());
         Ok(s)
     }
-}
-
-fn typed<'a>(sql: &Sql, params: Params<'a>) -> Vec<(&'a (dyn ToSql + Sync), Type)> {
-    params
-        .iter()
-        .zip(sql.types)
-        .map(|(p, t)| (*p, t.clone()))
-        .collect()
 }
 
 /// A fixed-size pool. Connections are opened on demand and a broken one is dropped on return.
 pub(crate) struct Pool {
     opts: ConnectOptions,
+    session: Session,
     idle: Mutex<Vec<Conn>>,
     permits: Arc<Semaphore>,
-    pub counts: Arc<StatementCounts>,
+    counts: Arc<StatementCounts>,
 }
 
 pub(crate) struct PooledConn<'a> {
@@ -268,20 +276,33 @@ pub(crate) struct PooledConn<'a> {
 }
 
 impl Pool {
-    pub fn new(opts: ConnectOptions, size: usize) -> Self {
+    pub(crate) fn new(opts: ConnectOptions, options: &StoreOptions) -> Self {
         Self {
             opts,
+            session: Session {
+                prepared: options.prepared_statements,
+                // Behind a pooler (unnamed statements) the settings would leak to other
+                // clients, and statements are planned per call anyway.
+                tuned: options.long_lived && options.prepared_statements,
+            },
             idle: Mutex::new(Vec::new()),
-            permits: Arc::new(Semaphore::new(size.max(1))),
+            permits: Arc::new(Semaphore::new(options.pool_size.max(1))),
             counts: Arc::default(),
         }
     }
 
-    pub fn options(&self) -> &ConnectOptions {
+    pub(crate) fn options(&self) -> &ConnectOptions {
         &self.opts
     }
 
-    pub async fn get(&self) -> Result<PooledConn<'_>> {
+    pub(crate) fn counts(&self) -> ClientCounts {
+        ClientCounts {
+            statements: self.counts.statements.load(Ordering::Relaxed),
+            parses: self.counts.parses.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(crate) async fn get(&self) -> Result<PooledConn<'_>> {
         let permit = self
             .permits
             .clone()
@@ -291,7 +312,7 @@ impl Pool {
         let idle = self.idle.lock().expect("pool lock").pop();
         let conn = match idle {
             Some(c) if !c.client.is_closed() => c,
-            _ => Conn::connect(&self.opts, Arc::clone(&self.counts)).await?,
+            _ => Conn::open(&self.opts, self.session, Arc::clone(&self.counts)).await?,
         };
         Ok(PooledConn {
             conn: Some(conn),
@@ -329,40 +350,33 @@ mod tests {
     use super::*;
     use crate::store::postgres::testing::database_url;
 
-    /// Prepared connections plan generically, without sequential scans or JIT; unnamed-statement
-    /// connections (the pooler mode) keep the server's settings, since a pooler would hand them
-    /// to other clients.
+    /// Long-lived stores with prepared statements plan generically, without sequential scans or
+    /// JIT; one-shot stores and unnamed-statement stores (the pooler mode) keep the server's
+    /// settings, since a pooler would hand them to other clients.
     #[tokio::test]
-    async fn session_settings_follow_the_statement_mode() {
+    async fn session_settings_follow_the_store_kind_and_statement_mode() {
         async fn settings(client: &Client) -> Vec<String> {
             let sql = "SELECT current_setting('plan_cache_mode'), current_setting('jit'), \
                               current_setting('enable_seqscan')";
             let row = client.query_one(sql, &[]).await.unwrap();
             (0..3).map(|i| row.get(i)).collect()
         }
-        let url = database_url();
+        let opts = ConnectOptions::resolve(Some(&database_url())).unwrap();
         let mut seen = vec![];
-        for prepared in [true, false] {
-            let config = ConnectOptions::resolve(Some(&url)).unwrap();
-            let opts = ConnectOptions::new(config, prepared, Duration::from_secs(10));
-            let conn = Conn::connect(&opts, Arc::default()).await.unwrap();
-            seen.push(settings(&conn.client).await);
+        for (long_lived, prepared_statements) in [(true, true), (true, false), (false, true)] {
+            let options = StoreOptions {
+                long_lived,
+                prepared_statements,
+                ..StoreOptions::admin()
+            };
+            let pool = Pool::new(opts.clone(), &options);
+            seen.push(settings(&pool.get().await.unwrap().client).await);
         }
-        let (client, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
-        tokio::spawn(connection);
-        let server = settings(&client).await;
+        let server = settings(&opts.connect().await.unwrap()).await;
         assert_eq!(server, ["auto", "on", "on"], "the test server's defaults");
-        assert_eq!(seen[0], ["force_generic_plan", "off", "off"]);
-        assert_eq!(seen[1], server);
-    }
-
-    #[test]
-    fn passwords_never_survive_redaction() {
-        assert_eq!(
-            redact_url("postgres://app:s3cret@db:5432/x?sslmode=disable"),
-            "postgres://app:***@db:5432/x?sslmode=disable"
-        );
-        assert_eq!(redact_url("postgres://app@db/x"), "postgres://app@db/x");
-        assert_eq!(redact_url("postgres://db/x"), "postgres://db/x");
+        let tuned: Vec<String> = ["force_generic_plan", "off", "off"]
+            .map(String::from)
+            .into();
+        assert_eq!(seen, [tuned, server.clone(), server]);
     }
 }

@@ -1,0 +1,127 @@
+-- Claim: one statement, so it runs atomically without BEGIN/COMMIT. Lanes, not rows, are
+-- leased; the happy path writes one lane row per lane that got work and no delivery row.
+-- The design note docs/design/delivery-path.md says why each part is shaped as it is.
+-- $1 owner, $2 lease in ms, $3 handlers, $4 batch size, $5 free lanes to take at most,
+-- $6 max attempts per handler (same order as $3), $7 deliveries the worker still has
+-- outstanding, $8 the lane the free-lane search starts from.
+-- params: text, float8, text[], int8, int8, int4[], text[], int2
+WITH held AS (
+  -- The lanes this worker holds under a live lease, locked (a takeover of them waits).
+  SELECT l.lane, l.epoch, l.in_flight FROM "{{schema}}"."{{prefix}}lanes" l
+   WHERE l.lease_owner = $1 AND l.lease_expires_at > now()
+   ORDER BY l.lane FOR UPDATE
+), candidates AS (
+  -- Free or expired lanes with due work for these handlers, probed one by one from lane $8
+  -- until $5 have some; the probe follows the due index's order.
+  SELECT c.lane FROM (SELECT l.lane FROM "{{schema}}"."{{prefix}}lanes" l
+                       WHERE l.lease_owner IS NULL OR l.lease_expires_at <= now()
+                       ORDER BY (l.lane + $8) % 256) c
+   WHERE (SELECT true FROM "{{schema}}"."{{prefix}}deliveries" d
+           WHERE d.lane = c.lane AND d.status = 'pending' AND d.available_at <= now()
+             AND d.handler = ANY ($3) ORDER BY d.available_at LIMIT 1)
+   LIMIT $5
+), taken AS (
+  -- The candidates, locked unless another claimer has them, and still free.
+  SELECT l.lane, l.epoch, l.in_flight, l.lease_owner IS NOT NULL AS takeover
+    FROM "{{schema}}"."{{prefix}}lanes" l
+   WHERE l.lane IN (SELECT lane FROM candidates)
+     AND (l.lease_owner IS NULL OR l.lease_expires_at <= now())
+   FOR UPDATE SKIP LOCKED
+), seen AS (
+  -- The statement snapshot's version of those lanes, which can be older than the locked one.
+  SELECT l.lane, l.in_flight FROM "{{schema}}"."{{prefix}}lanes" l
+   WHERE l.lane IN (SELECT lane FROM held) OR l.lane IN (SELECT lane FROM taken)
+), busy AS MATERIALIZED (
+  -- Listed in flight in either version: never picked by this claim.
+  SELECT unnest(in_flight) AS id FROM held
+  UNION SELECT unnest(in_flight) FROM seen
+), running AS (
+  -- What each held lane keeps in flight: what the worker still has outstanding.
+  SELECT h.lane, ARRAY(SELECT x FROM unnest(h.in_flight) AS x
+                        WHERE x IN (SELECT unnest($7::text[]))) AS ids
+    FROM held h
+), mine AS (
+  -- Every lane this claim writes: held ones, and taken ones with their epoch bumped.
+  SELECT h.lane, h.epoch, r.ids AS running, false AS fresh, false AS takeover
+    FROM held h JOIN running r USING (lane)
+  UNION ALL
+  SELECT t.lane, t.epoch + 1, '{}'::text[], true, t.takeover FROM taken t
+), charged AS (
+  -- A takeover charges one attempt to each delivery its predecessor had in flight, and buries
+  -- it at its handler's last attempt. The ids are named as an index condition, and "pending"
+  -- is said as "neither dead nor completed" so that no partial index of pending rows competes
+  -- with the primary key.
+  UPDATE "{{schema}}"."{{prefix}}deliveries" d
+     SET attempts = d.attempts + 1, claims = d.claims + 1, updated_at = now(),
+         last_error = 'lease lost: the worker holding lane ' || d.lane || ' stopped without completing',
+         status = CASE WHEN d.attempts + 1 >= coalesce(($6::int4[])[array_position($3, d.handler)], 2147483647)
+                       THEN 'dead' ELSE 'pending' END
+    FROM taken t
+   WHERE t.takeover AND d.id = ANY (t.in_flight) AND d.lane = t.lane
+     AND d.status NOT IN ('dead', 'completed')
+     AND d.id = ANY (ARRAY(SELECT unnest(in_flight) FROM taken WHERE takeover))
+  RETURNING d.id
+), picked AS (
+  -- Due deliveries, held lanes first, lane by lane until the batch is full. Taken-over lanes
+  -- are picked from in the next claim.
+  SELECT p.* FROM (SELECT * FROM mine WHERE NOT takeover ORDER BY fresh, lane) m
+  CROSS JOIN LATERAL (SELECT * FROM (
+    -- Unkeyed: from the first batch + 100 due rows of the lane.
+    (SELECT u.id, u.lane, u.claims, u.attempts, u.handler, u.event_id, u.available_at, m.fresh
+       FROM (SELECT d.* FROM "{{schema}}"."{{prefix}}deliveries" d
+              WHERE d.lane = m.lane AND d.status = 'pending' AND d.available_at <= now()
+              ORDER BY d.available_at, d.id LIMIT $4 + 100) u
+      WHERE u.key IS NULL AND u.handler = ANY ($3) AND u.id NOT IN (SELECT id FROM busy)
+      LIMIT $4)
+    UNION ALL
+    -- Keyed: `k` walks the lane's distinct (handler, key) pairs, one index probe each; only
+    -- the head of a key, its lowest pending sequence, may run, when due and not in flight.
+    (WITH RECURSIVE k AS (
+       (SELECT d.handler, d.key FROM "{{schema}}"."{{prefix}}deliveries" d
+         WHERE d.lane = m.lane AND d.key IS NOT NULL AND d.status = 'pending'
+         ORDER BY d.handler, d.key LIMIT 1)
+       UNION ALL
+       (SELECT n.handler, n.key FROM k CROSS JOIN LATERAL (
+          SELECT d.handler, d.key FROM "{{schema}}"."{{prefix}}deliveries" d
+           WHERE d.lane = m.lane AND d.key IS NOT NULL AND d.status = 'pending'
+             AND (d.handler, d.key) > (k.handler, k.key)
+           ORDER BY d.handler, d.key LIMIT 1) n)
+     )
+     SELECT h.id, h.lane, h.claims, h.attempts, h.handler, h.event_id, h.available_at, m.fresh
+       FROM k CROSS JOIN LATERAL (
+         SELECT d.id, d.lane, d.claims, d.attempts, d.handler, d.event_id, d.available_at
+           FROM "{{schema}}"."{{prefix}}deliveries" d
+          WHERE d.lane = m.lane AND d.handler = k.handler AND d.key = k.key
+            AND d.key IS NOT NULL AND d.status = 'pending'
+          ORDER BY d.sequence LIMIT 1) h
+      WHERE h.handler = ANY ($3) AND h.available_at <= now() AND h.id NOT IN (SELECT id FROM busy)
+      ORDER BY h.available_at, h.id LIMIT $4)
+  ) x ORDER BY x.available_at, x.id LIMIT $4) p
+  LIMIT $4
+), picks AS (
+  SELECT lane, array_agg(id) AS ids FROM picked GROUP BY lane
+), written AS (
+  -- One write per lane: the new epoch, the lease, and in flight what runs plus what was
+  -- picked. Lanes that run nothing and got nothing are handed back in the same write. The
+  -- lanes are also named as an index condition.
+  UPDATE "{{schema}}"."{{prefix}}lanes" l
+     SET epoch = m.epoch,
+         lease_owner = CASE WHEN m.takeover OR p.ids IS NOT NULL OR cardinality(m.running) > 0
+                            THEN $1 END,
+         lease_expires_at = CASE WHEN m.takeover OR p.ids IS NOT NULL OR cardinality(m.running) > 0
+                                 THEN now() + $2::float8 * interval '1 millisecond' END,
+         in_flight = m.running || coalesce(p.ids, '{}')
+    FROM mine m LEFT JOIN picks p USING (lane)
+   WHERE l.lane = m.lane AND l.lane = ANY (ARRAY(SELECT lane FROM mine))
+     AND (m.takeover OR p.ids IS NOT NULL OR (NOT m.fresh AND cardinality(m.running) = 0))
+  RETURNING l.lane, l.epoch
+)
+-- Always one row at least: the takeover counts, with NULL delivery columns when nothing was
+-- picked. The events are named as an index condition too.
+SELECT p.id, p.lane, w.epoch, p.claims, p.attempts, p.handler,
+       e.id, e.type, e.key, e.payload, e.headers, e.created_at, c.n AS charged, t.n AS taken
+  FROM (SELECT count(*) AS n FROM charged) c CROSS JOIN (SELECT count(*) AS n FROM taken) t
+  LEFT JOIN (picked p JOIN written w USING (lane)
+             JOIN "{{schema}}"."{{prefix}}events" e
+               ON e.id = p.event_id AND e.id = ANY (ARRAY(SELECT event_id FROM picked))) ON true
+ ORDER BY p.fresh, p.lane, p.available_at, p.id

@@ -1,0 +1,116 @@
+//! One delivery, from its claim to its recorded outcome: run the handler, then complete it
+//! (batched), or record the failed attempt, or, on shutdown, hand back its token for release.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use tokio::sync::{watch, OwnedSemaphorePermit};
+
+use super::complete::RunningGuard;
+use super::Context;
+use crate::handler::Outcome;
+use crate::store::{ClaimedDelivery, FailOutcome, Failure, LeaseToken, Store};
+
+/// Runs one delivery to its end. Returns its token when it was aborted by shutdown.
+pub(super) async fn run<S: Store>(
+    ctx: &Context<S>,
+    delivery: ClaimedDelivery,
+    running: RunningGuard,
+    slot: OwnedSemaphorePermit,
+    mut cancel: watch::Receiver<bool>,
+) -> Option<LeaseToken> {
+    let spec = ctx
+        .handlers
+        .get(&delivery.handler)
+        .expect("claims only return deliveries of the worker's handlers");
+    let outcome = tokio::select! {
+        outcome = spec.handler.handle(&delivery) => outcome,
+        _ = cancel.wait_for(|c| *c) => return Some(delivery.token),
+    };
+    // Concurrency bounds running handlers. Recording the outcome overlaps the next claim: the
+    // delivery stays in its lane's in-flight list until it is deleted or rescheduled, so the
+    // claim cannot pick it again.
+    drop(slot);
+    let attempt = delivery.attempts + 1;
+    let (failure, error) = match outcome {
+        Outcome::Completed => {
+            let pending = ctx.completer.submit(delivery.token.clone());
+            drop(running);
+            match pending.verdict().await {
+                Ok(true) => {
+                    ctx.reporter.counters.handled.fetch_add(1, Relaxed);
+                }
+                Ok(false) => lease_lost(ctx, &delivery),
+                Err(e) => ctx.reporter.log(
+                    "error",
+                    "could not record the completion; the delivery runs again after its lease expires",
+                    &[("delivery", &delivery.token.delivery_id), ("error", &e)],
+                ),
+            }
+            return None;
+        }
+        Outcome::Rejected { error } => (Failure::Reject, error),
+        Outcome::Failed { error, retry_after } => {
+            let backoff = spec.retry.backoff;
+            let delay = retry_after
+                .map(|d| d.min(backoff.max))
+                .unwrap_or_else(|| backoff.delay(attempt.max(1) as u32));
+            let max_attempts = spec.retry.max_attempts;
+            (
+                Failure::Retry {
+                    delay,
+                    max_attempts,
+                },
+                error,
+            )
+        }
+    };
+    drop(running);
+    let recorded = ctx.store.fail(&delivery.token, &failure, &error).await;
+    let counters = &ctx.reporter.counters;
+    let fields: [(&str, &dyn std::fmt::Display); 5] = [
+        ("delivery", &delivery.token.delivery_id),
+        ("event", &delivery.event_id),
+        ("handler", &delivery.handler),
+        ("attempt", &attempt),
+        ("error", &error),
+    ];
+    match recorded {
+        Ok(FailOutcome::Buried) => {
+            counters.dead.fetch_add(1, Relaxed);
+            ctx.reporter
+                .log("error", "delivery buried (dead letter)", &fields);
+        }
+        Ok(FailOutcome::Rescheduled) => {
+            counters.failed.fetch_add(1, Relaxed);
+            let Failure::Retry { delay, .. } = failure else {
+                unreachable!("a rejected delivery is never rescheduled")
+            };
+            let retry = humantime::format_duration(Duration::from_millis(delay.as_millis() as u64))
+                .to_string();
+            let mut with_retry = fields.to_vec();
+            with_retry.push(("retry_in", &retry));
+            ctx.reporter
+                .log("warn", "attempt failed; rescheduled", &with_retry);
+        }
+        Ok(FailOutcome::LeaseLost) => lease_lost(ctx, &delivery),
+        Err(e) => ctx.reporter.log(
+            "error",
+            "could not record the failed attempt; the delivery runs again after its lease expires",
+            &[
+                ("delivery", &delivery.token.delivery_id),
+                ("error", &format!("{e:#}")),
+            ],
+        ),
+    }
+    None
+}
+
+fn lease_lost<S>(ctx: &Context<S>, d: &ClaimedDelivery) {
+    ctx.reporter.counters.lease_lost.fetch_add(1, Relaxed);
+    ctx.reporter.log(
+        "warn",
+        "lease lost: another worker took the lane over; the delivery runs again there",
+        &[("delivery", &d.token.delivery_id), ("token", &d.token)],
+    );
+}

@@ -1,0 +1,85 @@
+//! What a worker is told: its options and every default, in one place (the command line, the
+//! config file and the benchmark all start from these).
+
+use std::time::Duration;
+
+use rand::Rng;
+
+use crate::backoff::Backoff;
+
+#[derive(Clone, Debug)]
+pub struct DispatchOptions {
+    /// This worker instance; unique per process start.
+    pub owner: String,
+    pub concurrency: usize,
+    pub batch_size: usize,
+    pub poll_interval: Duration,
+    pub lease_duration: Duration,
+    pub completion_window: Duration,
+    pub shutdown_grace: Duration,
+    /// Exit once no due work is left.
+    pub drain: bool,
+    pub completion_history: bool,
+    /// Subscribe to the store's wake-ups; polling alone otherwise.
+    pub wake_ups: bool,
+}
+
+impl DispatchOptions {
+    pub const CONCURRENCY: usize = 10;
+    pub const BATCH_SIZE: usize = 10;
+    pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
+    pub const LEASE_DURATION: Duration = Duration::from_secs(30);
+    pub const COMPLETION_WINDOW: Duration = Duration::from_millis(2);
+    pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+    /// The defaults, for the worker `owner`.
+    pub fn new(owner: String) -> Self {
+        Self {
+            owner,
+            concurrency: Self::CONCURRENCY,
+            batch_size: Self::BATCH_SIZE,
+            poll_interval: Self::POLL_INTERVAL,
+            lease_duration: Self::LEASE_DURATION,
+            completion_window: Self::COMPLETION_WINDOW,
+            shutdown_grace: Self::SHUTDOWN_GRACE,
+            drain: false,
+            completion_history: false,
+            wake_ups: true,
+        }
+    }
+}
+
+/// How a handler's failed attempts are retried: exponential back-off with jitter, buried at the
+/// last attempt.
+#[derive(Clone, Copy, Debug)]
+pub struct RetryPolicy {
+    pub max_attempts: i32,
+    pub backoff: Backoff,
+}
+
+impl RetryPolicy {
+    pub const MAX_ATTEMPTS: i32 = 25;
+    pub const RETRY_DELAY: Duration = Duration::from_secs(1);
+    pub const RETRY_MAX_DELAY: Duration = Duration::from_secs(3600);
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: Self::MAX_ATTEMPTS,
+            backoff: Backoff::jittered(Self::RETRY_DELAY, Self::RETRY_MAX_DELAY),
+        }
+    }
+}
+
+/// A unique worker name: host, process and a random suffix.
+pub fn worker_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "host".into());
+    format!(
+        "{host}:{}:{:06x}",
+        std::process::id(),
+        rand::thread_rng().gen::<u32>() & 0xff_ffff
+    )
+}

@@ -1,0 +1,239 @@
+//! Choosing the engine: a URL's scheme names it, `open` returns one type every command uses, and
+//! `schema_script` renders an engine's schema without connecting. A second engine is a variant
+//! here and an arm in `on_engine!`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::bench::{Backlog, BenchStore, DeliveryCounts, ServerCounters};
+use super::postgres::PgStore;
+use super::*;
+
+/// The store engines relaybus knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    Postgres,
+    Mongo,
+}
+
+impl Engine {
+    /// The engine a URL names; without a URL, PostgreSQL through the libpq variables.
+    pub fn of(url: Option<&str>) -> Result<Engine> {
+        match url {
+            None => Ok(Engine::Postgres),
+            Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => {
+                Ok(Engine::Postgres)
+            }
+            Some(u) if u.starts_with("mongodb://") || u.starts_with("mongodb+srv://") => {
+                Ok(Engine::Mongo)
+            }
+            Some(u) => Err(StoreError::UnsupportedUrl(redact_url(u))),
+        }
+    }
+}
+
+/// Which schema script to render.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Script {
+    /// The complete install, for an empty database.
+    Install,
+    /// The in-place conversion of a 0.1 store, ending with the install.
+    ConvertFrom01,
+}
+
+/// The store at `url` (None: the libpq variables) in `ns`. Connections open on first use.
+pub fn open(url: Option<&str>, ns: Namespace, options: StoreOptions) -> Result<AnyStore> {
+    match Engine::of(url)? {
+        Engine::Postgres => Ok(AnyStore(Engines::Postgres(PgStore::open(
+            url, ns, options,
+        )?))),
+        Engine::Mongo => Err(StoreError::MongoUnavailable),
+    }
+}
+
+/// An engine's schema as a script for the operator's own migration tool, rendered without a
+/// connection.
+pub fn schema_script(engine: Engine, ns: &Namespace, script: Script) -> Result<String> {
+    match engine {
+        Engine::Postgres => Ok(super::postgres::script(ns, script)),
+        Engine::Mongo => Err(StoreError::MongoUnavailable),
+    }
+}
+
+/// A URL with its password replaced by `***`, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    match (authority.rfind('@'), authority.find(':')) {
+        (Some(at), Some(colon)) if colon < at => format!(
+            "{}{}:***{}",
+            &url[..scheme_end + 3],
+            &authority[..colon],
+            &rest[at..]
+        ),
+        _ => url.to_owned(),
+    }
+}
+
+/// Any engine's store.
+pub struct AnyStore(Engines);
+
+enum Engines {
+    Postgres(PgStore),
+}
+
+macro_rules! on_engine {
+    ($self:ident, $store:ident => $body:expr) => {
+        match &$self.0 {
+            Engines::Postgres($store) => $body,
+        }
+    };
+}
+
+impl Store for AnyStore {
+    fn namespace(&self) -> &Namespace {
+        on_engine!(self, s => s.namespace())
+    }
+    async fn schema_status(&self) -> Result<SchemaStatus> {
+        on_engine!(self, s => s.schema_status().await)
+    }
+    async fn setup(&self, force: bool) -> Result<SetupOutcome> {
+        on_engine!(self, s => s.setup(force).await)
+    }
+    async fn upgrade_plan(&self) -> Result<UpgradePlan> {
+        on_engine!(self, s => s.upgrade_plan().await)
+    }
+    async fn upgrade(
+        &self,
+        force: bool,
+        progress: &(dyn Fn(&UpgradeStep, usize, usize) + Sync),
+    ) -> Result<SetupOutcome> {
+        on_engine!(self, s => s.upgrade(force, progress).await)
+    }
+    async fn publish(&self, events: &[NewEvent]) -> Result<Vec<PublishedDelivery>> {
+        on_engine!(self, s => s.publish(events).await)
+    }
+    async fn flush_wake_ups(&self) -> Result<()> {
+        on_engine!(self, s => s.flush_wake_ups().await)
+    }
+    fn wake_ups(&self) -> Option<WakeUps> {
+        on_engine!(self, s => s.wake_ups())
+    }
+    fn wake_up_delay(&self) -> Duration {
+        on_engine!(self, s => s.wake_up_delay())
+    }
+    async fn claim(&self, req: &ClaimRequest) -> Result<(Vec<ClaimedDelivery>, ClaimStats)> {
+        on_engine!(self, s => s.claim(req).await)
+    }
+    async fn complete(&self, tokens: &[LeaseToken], history: bool) -> Result<Vec<String>> {
+        on_engine!(self, s => s.complete(tokens, history).await)
+    }
+    async fn fail(
+        &self,
+        token: &LeaseToken,
+        failure: &Failure,
+        error: &str,
+    ) -> Result<FailOutcome> {
+        on_engine!(self, s => s.fail(token, failure, error).await)
+    }
+    async fn renew(&self, owner: &str, lease: Duration) -> Result<u64> {
+        on_engine!(self, s => s.renew(owner, lease).await)
+    }
+    async fn release(&self, owner: &str, aborted: &[LeaseToken]) -> Result<u64> {
+        on_engine!(self, s => s.release(owner, aborted).await)
+    }
+    async fn due_exists(&self, handlers: &[String]) -> Result<bool> {
+        on_engine!(self, s => s.due_exists(handlers).await)
+    }
+    async fn list_deliveries(&self, filter: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
+        on_engine!(self, s => s.list_deliveries(filter).await)
+    }
+    async fn show_delivery(&self, id: &str) -> Result<Option<DeliveryDetail>> {
+        on_engine!(self, s => s.show_delivery(id).await)
+    }
+    async fn show_event(&self, id: &str) -> Result<Option<EventDetail>> {
+        on_engine!(self, s => s.show_event(id).await)
+    }
+    async fn count_dead(&self, selector: &RequeueSelector) -> Result<i64> {
+        on_engine!(self, s => s.count_dead(selector).await)
+    }
+    async fn requeue(&self, selector: &RequeueSelector) -> Result<Vec<String>> {
+        on_engine!(self, s => s.requeue(selector).await)
+    }
+    async fn purge_count(&self, options: &PurgeOptions) -> Result<PurgeCounts> {
+        on_engine!(self, s => s.purge_count(options).await)
+    }
+    async fn purge_batch(&self, kind: PurgeKind, age: Duration, batch: i64) -> Result<PurgeBatch> {
+        on_engine!(self, s => s.purge_batch(kind, age, batch).await)
+    }
+    async fn lanes(&self) -> Result<Vec<LaneRow>> {
+        on_engine!(self, s => s.lanes().await)
+    }
+    async fn stats(&self) -> Result<Vec<HandlerStats>> {
+        on_engine!(self, s => s.stats().await)
+    }
+    fn client_counts(&self) -> ClientCounts {
+        on_engine!(self, s => s.client_counts())
+    }
+}
+
+impl BenchStore for AnyStore {
+    async fn server_counters(&self) -> Result<ServerCounters> {
+        on_engine!(self, s => s.server_counters().await)
+    }
+    async fn server_settings(&self) -> Result<BTreeMap<String, String>> {
+        on_engine!(self, s => s.server_settings().await)
+    }
+    async fn preload(&self, backlog: &Backlog, settle: bool) -> Result<()> {
+        on_engine!(self, s => s.preload(backlog, settle).await)
+    }
+    async fn delivery_counts(&self) -> Result<DeliveryCounts> {
+        on_engine!(self, s => s.delivery_counts().await)
+    }
+    async fn pending(&self) -> Result<Vec<(String, String)>> {
+        on_engine!(self, s => s.pending().await)
+    }
+    async fn drop_namespace(&self) -> Result<()> {
+        on_engine!(self, s => s.drop_namespace().await)
+    }
+    async fn floor_publish(&self, events: &[NewEvent]) -> Result<()> {
+        on_engine!(self, s => s.floor_publish(events).await)
+    }
+    async fn floor_dispatch(&self, batch: i64) -> Result<u64> {
+        on_engine!(self, s => s.floor_dispatch(batch).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scheme_names_the_engine_and_passwords_never_survive_redaction() {
+        assert_eq!(Engine::of(None).unwrap(), Engine::Postgres);
+        assert_eq!(
+            Engine::of(Some("postgresql://h/db")).unwrap(),
+            Engine::Postgres
+        );
+        assert_eq!(
+            Engine::of(Some("mongodb+srv://h/db")).unwrap(),
+            Engine::Mongo
+        );
+        assert_eq!(
+            Engine::of(Some("mysql://u:pw@h/db"))
+                .unwrap_err()
+                .to_string(),
+            "unsupported database URL `mysql://u:***@h/db`: use postgres:// or postgresql://"
+        );
+        assert_eq!(
+            redact_url("postgres://app:s3cret@db:5432/x?sslmode=disable"),
+            "postgres://app:***@db:5432/x?sslmode=disable"
+        );
+        assert_eq!(redact_url("postgres://app@db/x"), "postgres://app@db/x");
+        assert_eq!(redact_url("postgres://db/x"), "postgres://db/x");
+    }
+}

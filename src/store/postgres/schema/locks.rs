@@ -1,0 +1,64 @@
+//! The setup lock, and what a schema change that timed out waiting for a lock tells the
+//! operator: the sessions that held it.
+
+use super::super::conn::{db, driver_error};
+use super::super::PgStore;
+use crate::store::lane::fnv1a_32;
+use crate::store::{Namespace, Result, StoreError};
+
+/// The advisory lock that serialises `setup`, `upgrade` and a rendered script in one schema.
+/// Per schema, not per prefix, because `CREATE SCHEMA IF NOT EXISTS` races across prefixes.
+pub(super) fn setup_lock_key(ns: &Namespace) -> i64 {
+    let hi = fnv1a_32(b"relaybus:setup");
+    let lo = fnv1a_32(ns.schema().as_bytes());
+    ((u64::from(hi) << 32) | u64::from(lo)) as i64
+}
+
+fn is_lock_timeout(e: &StoreError) -> bool {
+    driver_error(e).and_then(|e| e.code())
+        == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)
+}
+
+impl PgStore {
+    /// Turns a lock timeout into an error naming the sessions that held the locks.
+    pub(super) async fn explain_lock_timeout(&self, e: StoreError) -> StoreError {
+        if !is_lock_timeout(&e) {
+            return e;
+        }
+        let timeout = humantime::format_duration(self.lock_timeout).to_string();
+        let blockers = match self.blocking_sessions().await {
+            Ok(b) if !b.is_empty() => b,
+            _ => "another session".into(),
+        };
+        StoreError::LockTimeout { timeout, blockers }
+    }
+
+    async fn blocking_sessions(&self) -> Result<String> {
+        let conn = self.pool.get().await?;
+        let key = setup_lock_key(&self.ns) as u64;
+        let rows = conn
+            .query_once(
+                &self.sql.blocking_sessions,
+                &[
+                    &self.ns.schema(),
+                    &((key >> 32) as i64),
+                    &((key & 0xffff_ffff) as i64),
+                ],
+            )
+            .await
+            .map_err(db("could not list the blocking sessions"))?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let pid: i32 = r.get(0);
+                let user: String = r.get(1);
+                let app: String = r.get(2);
+                let state: String = r.get(3);
+                let age: String = r.get(4);
+                let query: String = r.get(5);
+                format!("pid {pid} (user {user}, application `{app}`, {state} for {age}, last statement `{query}`)")
+            })
+            .collect::<Vec<_>>()
+            .join(", "))
+    }
+}

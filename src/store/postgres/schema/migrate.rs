@@ -1,0 +1,291 @@
+//! Installing and converting a store: what is installed, `setup`, the conversion plan and
+//! `upgrade`. Every change runs in one transaction under the setup lock, with the lock timeout
+//! set, so a change that cannot get its locks fails having changed nothing.
+
+use tokio_postgres::{Client, GenericClient, Transaction};
+
+use super::super::conn::db;
+use super::super::PgStore;
+use super::locks::setup_lock_key;
+use super::render::{conversion_steps, names_after, script, CONVERT_0_1, INSTALL, PRELUDE};
+use crate::store::{
+    LiveLeases, Result, SchemaStatus, Script, SetupOutcome, UpgradeCounts, UpgradePlan,
+    UpgradeStep, SCHEMA_VERSION,
+};
+
+/// Setup, the conversion and its plan read and rewrite whole tables, for which a sequential
+/// scan is the right plan; a worker's tuned session rules them out for the delivery path and
+/// would otherwise walk every index instead.
+const WHOLE_TABLE_SCANS: &str = "SET LOCAL enable_seqscan = on";
+
+/// `description; verb a, b, c`, or the description alone when nothing is named.
+fn naming(description: &str, verb: &str, names: &[String]) -> String {
+    if names.is_empty() {
+        description.to_owned()
+    } else {
+        format!("{description}; {verb} {}", names.join(", "))
+    }
+}
+
+impl PgStore {
+    pub(in crate::store::postgres) async fn detect(
+        &self,
+        client: &impl GenericClient,
+    ) -> Result<SchemaStatus> {
+        let row = client
+            .query_one(&self.sql.detect.text, &[])
+            .await
+            .map_err(db("could not read the installed schema"))?;
+        let (has_deliveries, is_01, has_version): (bool, bool, bool) =
+            (row.get(0), row.get(1), row.get(2));
+        if is_01 {
+            return Ok(SchemaStatus::V01);
+        }
+        let version: Option<String> = if has_version {
+            client
+                .query_opt(&self.sql.version.text, &[])
+                .await
+                .map_err(db("could not read the schema version"))?
+                .map(|r| r.get(0))
+        } else {
+            None
+        };
+        Ok(match version.as_deref() {
+            Some(SCHEMA_VERSION) => SchemaStatus::Current,
+            Some(v) => SchemaStatus::Newer { version: v.into() },
+            None if has_deliveries || has_version => SchemaStatus::Incomplete,
+            None => SchemaStatus::NotInstalled,
+        })
+    }
+
+    /// Opens a transaction with the lock timeout set and the setup lock held.
+    pub(in crate::store::postgres) async fn begin_locked<'c>(
+        &self,
+        client: &'c mut Client,
+    ) -> Result<Transaction<'c>> {
+        let tx = client
+            .transaction()
+            .await
+            .map_err(db("could not begin a transaction"))?;
+        let timeout_ms = self.lock_timeout.as_millis().max(1);
+        tx.batch_execute(&format!(
+            "SET LOCAL lock_timeout = {timeout_ms}; {WHOLE_TABLE_SCANS}"
+        ))
+        .await
+        .map_err(db("could not set the lock timeout"))?;
+        tx.execute(&self.sql.setup_lock.text, &[&setup_lock_key(&self.ns)])
+            .await
+            .map_err(db("could not take the setup lock"))?;
+        Ok(tx)
+    }
+
+    async fn live_leases(&self, client: &impl GenericClient) -> Result<LiveLeases> {
+        let row = client
+            .query_one(&self.sql.live_leases_0_1.text, &[])
+            .await
+            .map_err(db("could not count live 0.1 leases"))?;
+        Ok(LiveLeases {
+            count: row.get(0),
+            until: row.get(1),
+        })
+    }
+
+    pub(in crate::store::postgres) async fn setup_impl(&self, force: bool) -> Result<SetupOutcome> {
+        match self.setup_locked(force).await {
+            Err(e) => Err(self.explain_lock_timeout(e).await),
+            ok => ok,
+        }
+    }
+
+    async fn setup_locked(&self, force: bool) -> Result<SetupOutcome> {
+        let mut conn = self.pool.get().await?;
+        let tx = self.begin_locked(&mut conn.client).await?;
+        let before = self.detect(&tx).await?;
+        let script = match &before {
+            SchemaStatus::Newer { .. } => {
+                return Err(before
+                    .error(&self.ns)
+                    .expect("a newer schema is not current"))
+            }
+            SchemaStatus::V01 => {
+                self.live_leases(&tx).await?.refuse_unless(force)?;
+                script(&self.ns, Script::ConvertFrom01)
+            }
+            _ => script(&self.ns, Script::Install),
+        };
+        tx.batch_execute(&script)
+            .await
+            .map_err(db("the schema script failed; nothing was changed"))?;
+        let after = self.detect(&tx).await?;
+        tx.commit()
+            .await
+            .map_err(db("could not commit the schema change"))?;
+        Ok(SetupOutcome { before, after })
+    }
+
+    pub(in crate::store::postgres) async fn upgrade_plan_impl(&self) -> Result<UpgradePlan> {
+        let mut conn = self.pool.get().await?;
+        let tx = conn
+            .client
+            .build_transaction()
+            .read_only(true)
+            .start()
+            .await
+            .map_err(db("could not begin a read-only transaction"))?;
+        tx.batch_execute(WHOLE_TABLE_SCANS)
+            .await
+            .map_err(db("could not allow sequential scans"))?;
+        let found = self.detect(&tx).await?;
+        if found != SchemaStatus::V01 {
+            return Ok(UpgradePlan {
+                found,
+                steps: vec![],
+                counts: UpgradeCounts::default(),
+                live_leases: LiveLeases::default(),
+            });
+        }
+        let row = tx
+            .query_one(&self.sql.counts_0_1.text, &[])
+            .await
+            .map_err(db("could not count the rows to convert"))?;
+        let counts = UpgradeCounts {
+            events: row.get(0),
+            deliveries: row.get(1),
+            pending: row.get(2),
+            processing: row.get(3),
+            completed: row.get(4),
+            dead: row.get(5),
+        };
+        let live_leases = self.live_leases(&tx).await?;
+        let existing: Vec<String> = tx
+            .query(&self.sql.existing_objects.text, &[])
+            .await
+            .map_err(db("could not list the existing tables and indexes"))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let absent = |script: &str, marker: &str| -> Vec<String> {
+            names_after(&self.ns.render(script), marker)
+                .into_iter()
+                .filter(|n| !existing.contains(n))
+                .collect()
+        };
+        let dropped: Vec<String> =
+            names_after(&self.ns.render(CONVERT_0_1), "DROP INDEX IF EXISTS ")
+                .into_iter()
+                .filter(|n| existing.contains(n))
+                .collect();
+        let created: Vec<String> = [
+            absent(INSTALL, "CREATE UNIQUE INDEX IF NOT EXISTS "),
+            absent(INSTALL, "CREATE INDEX IF NOT EXISTS "),
+            absent(INSTALL, "CREATE TABLE IF NOT EXISTS "),
+            absent(PRELUDE, "CREATE TABLE IF NOT EXISTS "),
+        ]
+        .concat();
+        let steps = conversion_steps(&self.ns)
+            .into_iter()
+            .map(|s| UpgradeStep {
+                rows: match s.name.as_str() {
+                    "events-handlers" => Some(counts.events),
+                    "deliveries-lanes" => Some(counts.deliveries),
+                    _ => None,
+                },
+                description: match s.name.as_str() {
+                    "indexes" => naming(&s.description, "drops", &dropped),
+                    "install" => naming(&s.description, "creates", &created),
+                    _ => s.description,
+                },
+                name: s.name,
+            })
+            .collect();
+        Ok(UpgradePlan {
+            found,
+            steps,
+            counts,
+            live_leases,
+        })
+    }
+
+    pub(in crate::store::postgres) async fn upgrade_impl(
+        &self,
+        force: bool,
+        progress: &(dyn Fn(&UpgradeStep, usize, usize) + Sync),
+    ) -> Result<SetupOutcome> {
+        match self.upgrade_locked(force, progress).await {
+            Err(e) => Err(self.explain_lock_timeout(e).await),
+            ok => ok,
+        }
+    }
+
+    async fn upgrade_locked(
+        &self,
+        force: bool,
+        progress: &(dyn Fn(&UpgradeStep, usize, usize) + Sync),
+    ) -> Result<SetupOutcome> {
+        let mut conn = self.pool.get().await?;
+        let tx = self.begin_locked(&mut conn.client).await?;
+        let before = self.detect(&tx).await?;
+        if before != SchemaStatus::V01 {
+            return Ok(SetupOutcome {
+                after: before.clone(),
+                before,
+            });
+        }
+        self.live_leases(&tx).await?.refuse_unless(force)?;
+        let steps = conversion_steps(&self.ns);
+        let total = steps.len();
+        for (i, step) in steps.iter().enumerate() {
+            progress(
+                &UpgradeStep {
+                    name: step.name.clone(),
+                    description: step.description.clone(),
+                    rows: None,
+                },
+                i + 1,
+                total,
+            );
+            tx.batch_execute(&step.sql).await.map_err(db(format!(
+                "the upgrade step `{}` failed; nothing was changed",
+                step.name
+            )))?;
+        }
+        let after = self.detect(&tx).await?;
+        tx.commit()
+            .await
+            .map_err(db("could not commit the upgrade"))?;
+        Ok(SetupOutcome { before, after })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::store::postgres::testing::large_store;
+
+    /// A worker's session rules sequential scans out; the setup transaction, which reads whole
+    /// tables, allows them again, and only for itself.
+    #[tokio::test]
+    async fn setup_transactions_allow_sequential_scans() {
+        let store = large_store("setup_scans", 0).await;
+        let mut conn = store.pool.get().await.unwrap();
+        let setting = "SELECT current_setting('enable_seqscan')";
+        conn.client
+            .batch_execute("SET enable_seqscan = off")
+            .await
+            .unwrap();
+        let mut seen = vec![];
+        {
+            let tx = store.begin_locked(&mut conn.client).await.unwrap();
+            seen.push(
+                tx.query_one(setting, &[])
+                    .await
+                    .unwrap()
+                    .get::<_, String>(0),
+            );
+            tx.rollback().await.unwrap();
+        }
+        seen.push(conn.client.query_one(setting, &[]).await.unwrap().get(0));
+        drop(conn);
+        store.drop().await;
+        assert_eq!(seen, ["on", "off"]);
+    }
+}

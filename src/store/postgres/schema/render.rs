@@ -1,0 +1,124 @@
+//! The schema scripts of `sql/postgres/`, rendered for a namespace without a connection: the
+//! install, and the 0.1 -> 0.2 conversion split into the steps `upgrade` runs and reports.
+
+use super::locks::setup_lock_key;
+use crate::store::{Namespace, Script, SCHEMA_VERSION};
+
+pub(super) const PRELUDE: &str = include_str!("../../../../sql/postgres/00_prelude.sql");
+pub(super) const CONVERT_0_1: &str = include_str!("../../../../sql/postgres/10_convert_0_1.sql");
+pub(super) const INSTALL: &str = include_str!("../../../../sql/postgres/20_install.sql");
+
+fn header(ns: &Namespace, what: &str) -> String {
+    format!(
+        "-- relaybus {} schema {SCHEMA_VERSION}: {what}\n\
+         -- schema \"{}\", prefix \"{}\"; rendered by `relaybus schema-sql`.\n\
+         -- Apply in one transaction, with every relaybus worker of an older version stopped:\n\
+         --   psql -v ON_ERROR_STOP=1 --single-transaction -f FILE\n\
+         -- Applying it again changes nothing.\n\n\
+         -- Serialises with `relaybus setup` and `relaybus upgrade` on the same schema.\n\
+         SELECT pg_advisory_xact_lock({});\n\n",
+        env!("CARGO_PKG_VERSION"),
+        ns.schema(),
+        ns.prefix(),
+        setup_lock_key(ns)
+    )
+}
+
+/// A schema script: the install for an empty database, or the conversion of a 0.1 store
+/// followed by the install it ends with.
+pub(crate) fn script(ns: &Namespace, script: Script) -> String {
+    match script {
+        Script::Install => header(ns, "install") + &ns.render(PRELUDE) + "\n" + &ns.render(INSTALL),
+        Script::ConvertFrom01 => {
+            header(ns, "in-place conversion from 0.1")
+                + &ns.render(PRELUDE)
+                + "\n"
+                + &ns.render(CONVERT_0_1)
+                + "\n"
+                + &ns.render(INSTALL)
+        }
+    }
+}
+
+/// A runnable part of the conversion, with the description its header comment gives.
+pub(super) struct ScriptStep {
+    pub(super) name: String,
+    pub(super) description: String,
+    pub(super) sql: String,
+}
+
+/// The steps `upgrade` runs, in order: the prelude, each `-- step` block of the conversion, the
+/// install. One source for the script and the command.
+pub(super) fn conversion_steps(ns: &Namespace) -> Vec<ScriptStep> {
+    let mut steps = vec![ScriptStep {
+        name: "prelude".into(),
+        description: "schema, version table and lane function".into(),
+        sql: ns.render(PRELUDE),
+    }];
+    for block in ns.render(CONVERT_0_1).split("\n-- step ").skip(1) {
+        let (head, body) = block.split_once("\n").unwrap_or((block, ""));
+        let mut description = head.to_owned();
+        let mut sql = String::new();
+        for line in body.lines() {
+            match line.strip_prefix("-- ") {
+                Some(more) if sql.is_empty() => {
+                    description.push(' ');
+                    description.push_str(more);
+                }
+                _ => {
+                    sql.push_str(line);
+                    sql.push('\n');
+                }
+            }
+        }
+        let (name, description) = description
+            .split_once(": ")
+            .unwrap_or(("step", description.as_str()));
+        steps.push(ScriptStep {
+            name: name.to_owned(),
+            description: description.to_owned(),
+            sql,
+        });
+    }
+    steps.push(ScriptStep {
+        name: "install".into(),
+        description: "create the 0.2 indexes and tables, seed the 256 lanes, record the version"
+            .into(),
+        sql: ns.render(INSTALL),
+    });
+    steps
+}
+
+/// Object names a script creates or drops, read from its own text.
+pub(super) fn names_after(script: &str, marker: &str) -> Vec<String> {
+    script
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix(marker))
+        .filter_map(|rest| rest.rsplit('"').nth(1).map(str::to_owned))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_come_from_the_script() {
+        let ns = Namespace::new("public", "relaybus_").unwrap();
+        let names: Vec<String> = conversion_steps(&ns).into_iter().map(|s| s.name).collect();
+        assert_eq!(
+            names,
+            [
+                "prelude",
+                "events-handlers",
+                "deliveries-lanes",
+                "lease-columns",
+                "indexes",
+                "install"
+            ]
+        );
+        let dropped = names_after(&ns.render(CONVERT_0_1), "DROP INDEX IF EXISTS ");
+        assert_eq!(dropped.len(), 8);
+        assert_eq!(dropped[0], "relaybus_deliveries_due_idx");
+    }
+}

@@ -1,0 +1,121 @@
+//! What is installed, and what follows from it: the one place that says which command brings a
+//! store to the current schema, and when a conversion must wait for 0.1 workers.
+
+use serde::Serialize;
+
+use super::{Namespace, StoreError};
+
+/// The schema version this binary installs and works with.
+pub const SCHEMA_VERSION: &str = "0.2";
+
+/// What is installed in a namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum SchemaStatus {
+    NotInstalled,
+    /// A 0.1 store (deliveries still carry `lease_token`).
+    V01,
+    /// Tables exist but the version row is missing: an interrupted or hand-applied install.
+    Incomplete,
+    Current,
+    Newer {
+        version: String,
+    },
+}
+
+impl SchemaStatus {
+    pub fn describe(&self) -> String {
+        match self {
+            SchemaStatus::NotInstalled => "not installed".into(),
+            SchemaStatus::V01 => "0.1".into(),
+            SchemaStatus::Incomplete => "0.2 (incomplete)".into(),
+            SchemaStatus::Current => SCHEMA_VERSION.into(),
+            SchemaStatus::Newer { version } => version.clone(),
+        }
+    }
+
+    /// What to run to make the store current.
+    pub fn advice(&self) -> &'static str {
+        match self {
+            SchemaStatus::V01 => {
+                "run `relaybus upgrade --dry-run` to see the conversion, then `relaybus upgrade`"
+            }
+            SchemaStatus::Newer { .. } => "use a newer relaybus binary",
+            SchemaStatus::Current => "nothing to do",
+            SchemaStatus::NotInstalled | SchemaStatus::Incomplete => "run `relaybus setup`",
+        }
+    }
+
+    /// The error a command that needs the current schema shows, or none when it is current.
+    pub fn error(&self, ns: &Namespace) -> Option<StoreError> {
+        let (schema, prefix) = (ns.schema().to_owned(), ns.prefix().to_owned());
+        match self {
+            SchemaStatus::Current => None,
+            SchemaStatus::V01 => Some(StoreError::Outdated),
+            SchemaStatus::Newer { version } => Some(StoreError::TooNew {
+                found: version.clone(),
+                supported: SCHEMA_VERSION.into(),
+            }),
+            SchemaStatus::NotInstalled => Some(StoreError::NotInstalled { schema, prefix }),
+            SchemaStatus::Incomplete => Some(StoreError::Incomplete { schema, prefix }),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SetupOutcome {
+    pub before: SchemaStatus,
+    pub after: SchemaStatus,
+}
+
+/// Deliveries of a 0.1 store that 0.1 workers still hold under a live lease.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LiveLeases {
+    pub count: i64,
+    /// When the last of them expires, as the server prints it.
+    pub until: Option<String>,
+}
+
+impl LiveLeases {
+    /// A conversion must not run under live 0.1 workers, unless the operator says they are
+    /// stopped (`force`).
+    pub fn refuse_unless(&self, force: bool) -> Result<(), StoreError> {
+        if self.count == 0 || force {
+            return Ok(());
+        }
+        Err(StoreError::LiveLeases {
+            count: self.count,
+            until: self.until.clone().unwrap_or_default(),
+        })
+    }
+}
+
+/// One step of the 0.1 -> 0.2 conversion, as planned.
+#[derive(Clone, Debug, Serialize)]
+pub struct UpgradeStep {
+    pub name: String,
+    /// What it does, naming the objects it changes.
+    pub description: String,
+    /// Rows (or documents) the step rewrites, where it rewrites any.
+    pub rows: Option<i64>,
+}
+
+/// What `upgrade` would do, read without writing anything.
+#[derive(Clone, Debug, Serialize)]
+pub struct UpgradePlan {
+    pub found: SchemaStatus,
+    /// Empty unless a conversion is due.
+    pub steps: Vec<UpgradeStep>,
+    pub counts: UpgradeCounts,
+    pub live_leases: LiveLeases,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct UpgradeCounts {
+    pub events: i64,
+    pub deliveries: i64,
+    pub pending: i64,
+    pub processing: i64,
+    pub completed: i64,
+    pub dead: i64,
+}

@@ -1,0 +1,75 @@
+//! The dispatcher as a library: driven by a shutdown channel, as a test or an embedding program
+//! drives it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use relaybus::dispatch::{
+    DispatchOptions, Dispatcher, HandlerSpec, LogFormat, Reporter, RetryPolicy, Shutdown,
+};
+use relaybus::handler::{Handler, HandlerFuture, Outcome};
+use relaybus::store::{ClaimedDelivery, EventLimits, NewEvent, Store, StoreOptions};
+
+use crate::common::{open_store, runtime, TestSchema};
+
+/// A shutdown sender that is dropped after asking for a graceful stop must not read as a
+/// second signal: running deliveries finish and complete, none is released.
+#[test]
+fn a_dropped_shutdown_sender_is_not_a_cancel() {
+    struct Slow;
+    impl Handler for Slow {
+        fn handle<'a>(&'a self, _: &'a ClaimedDelivery) -> HandlerFuture<'a> {
+            Box::pin(async {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                Outcome::Completed
+            })
+        }
+    }
+
+    let s = TestSchema::installed("dropped_sender");
+    let store = Arc::new(open_store(&s, StoreOptions::worker(4)));
+    let summary = runtime().block_on(async {
+        let limits = EventLimits {
+            max_payload_bytes: 1024,
+        };
+        let events: Vec<NewEvent> = (0..5)
+            .map(|i| {
+                NewEvent::new(
+                    format!("e{i}"),
+                    "t".into(),
+                    None,
+                    serde_json::json!({}),
+                    Default::default(),
+                    vec!["h".into()],
+                    &limits,
+                )
+                .unwrap()
+            })
+            .collect();
+        store.publish(&events).await.unwrap();
+        let (tx, rx) = tokio::sync::watch::channel(Shutdown::Running);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let _ = tx.send(Shutdown::Graceful);
+        });
+        let options = DispatchOptions {
+            poll_interval: Duration::from_millis(20),
+            wake_ups: false,
+            ..DispatchOptions::new("w".into())
+        };
+        let handlers = vec![HandlerSpec {
+            name: "h".into(),
+            handler: Arc::new(Slow),
+            retry: RetryPolicy::default(),
+        }];
+        let reporter = Arc::new(Reporter::quiet(LogFormat::Text));
+        Dispatcher::new(store, options, handlers, reporter)
+            .run(rx)
+            .await
+    });
+    assert_eq!((summary.handled, summary.released), (5, 0));
+    assert_eq!(
+        s.count(&format!("SELECT count(*) FROM {}", s.table("deliveries"))),
+        0
+    );
+}
