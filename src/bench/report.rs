@@ -110,8 +110,13 @@ pub fn noise_limit(samples: &[Sample]) -> f64 {
 /// Ratios of candidate to base, pair by pair, per cell: (cell, ratios). A pair with a noisy
 /// sample is left out while at least two clean pairs remain.
 pub fn ratios(samples: &[Sample], base: &str) -> Vec<(String, Vec<f64>)> {
-    let mut cells: Vec<String> = samples.iter().map(|s| s.cell.clone()).collect();
-    cells.dedup();
+    // Samples go cell after cell within each round, so a cell comes back once per round.
+    let mut cells: Vec<String> = vec![];
+    for s in samples {
+        if !cells.contains(&s.cell) {
+            cells.push(s.cell.clone());
+        }
+    }
     cells
         .into_iter()
         .map(|cell| {
@@ -305,5 +310,28 @@ mod tests {
         // With only one clean pair left, every pair counts.
         samples.truncate(4);
         assert_eq!(ratios(&samples, "a")[0].1, vec![1.1, 3.0]);
+        // Rounds repeat the cells; each is reported once.
+        let other = |mut s: Sample| {
+            s.cell = "pub-p1-b1".into();
+            s
+        };
+        let rounds = vec![
+            sample("a", 1, 100.0, 40.0),
+            sample("b", 1, 110.0, 40.0),
+            other(sample("a", 1, 10.0, 40.0)),
+            other(sample("b", 1, 20.0, 40.0)),
+            sample("b", 2, 120.0, 40.0),
+            sample("a", 2, 100.0, 40.0),
+            other(sample("b", 2, 30.0, 40.0)),
+            other(sample("a", 2, 10.0, 40.0)),
+        ];
+        let cells: Vec<(String, Vec<f64>)> = ratios(&rounds, "a");
+        assert_eq!(
+            cells,
+            [
+                ("disp-1i-tuned".to_owned(), vec![1.1, 1.2]),
+                ("pub-p1-b1".to_owned(), vec![2.0, 3.0])
+            ]
+        );
     }
 }

@@ -117,11 +117,12 @@ WITH held AS (
   RETURNING l.lane, l.epoch
 )
 -- Always one row at least: the takeover counts, with NULL delivery columns when nothing was
--- picked. The events are named as an index condition too.
+-- picked. Each delivery's event is one probe of its key (a lateral lookup, which no plan turns
+-- into a walk of the whole key).
 SELECT p.id, p.lane, w.epoch, p.claims, p.attempts, p.handler,
        e.id, e.type, e.key, e.payload, e.headers, e.created_at, c.n AS charged, t.n AS taken
   FROM (SELECT count(*) AS n FROM charged) c CROSS JOIN (SELECT count(*) AS n FROM taken) t
   LEFT JOIN (picked p JOIN written w USING (lane)
-             JOIN "{{schema}}"."{{prefix}}events" e
-               ON e.id = p.event_id AND e.id = ANY (ARRAY(SELECT event_id FROM picked))) ON true
+             CROSS JOIN LATERAL (SELECT * FROM "{{schema}}"."{{prefix}}events" e
+                                  WHERE e.id = p.event_id LIMIT 1) e) ON true
  ORDER BY p.fresh, p.lane, p.available_at, p.id

@@ -90,12 +90,14 @@ impl PgStore {
         history: bool,
     ) -> Result<Vec<String>> {
         let (ids, lanes, epochs, claims) = token_arrays(tokens);
+        let sql = if history {
+            &self.sql.complete_with_history
+        } else {
+            &self.sql.complete
+        };
         let mut conn = self.pool.get().await?;
         let rows = conn
-            .query(
-                &self.sql.complete,
-                &[&ids, &lanes, &epochs, &claims, &history],
-            )
+            .query(sql, &[&ids, &lanes, &epochs, &claims])
             .await
             .map_err(db("could not complete deliveries"))?;
         Ok(rows.iter().map(|r| r.get(0)).collect())
@@ -210,11 +212,11 @@ mod tests {
                 "'w1', 30000, ARRAY['h1','h2'], 200, 8, ARRAY[25,25], ARRAY['d0000002h1'], 3"
                     .to_owned(),
             ),
-            ("complete", &sql.complete, format!("{tokens}, false")),
+            ("complete", &sql.complete, tokens.to_owned()),
             (
                 "complete with history",
-                &sql.complete,
-                format!("{tokens}, true"),
+                &sql.complete_with_history,
+                tokens.to_owned(),
             ),
             (
                 "fail",

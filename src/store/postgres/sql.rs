@@ -92,6 +92,7 @@ statements! {
     notify => "delivery/notify",
     claim => "delivery/claim",
     complete => "delivery/complete",
+    complete_with_history => "delivery/complete_with_history",
     fail => "delivery/fail",
     renew => "delivery/renew",
     release => "delivery/release",
