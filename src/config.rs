@@ -10,11 +10,13 @@ use std::time::Duration;
 use serde::Deserialize;
 use thiserror::Error;
 
+use crate::bounds::Bounds;
 use crate::dispatch::{HandlerSpec, RetryPolicy};
 use crate::handler::{Handler, NoopHandler, ShellHandler, WebhookHandler, WebhookSecret};
 
 /// The time one attempt may take, unless configured.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
+pub const TIMEOUT_BOUNDS: Bounds = Bounds::POSITIVE_UP_TO_A_DAY;
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -66,12 +68,16 @@ pub enum Target {
     Noop,
 }
 
+/// A webhook secret as given: parsed, or why it could not be. Only a webhook handler needs one,
+/// so a bad secret stops only a worker that has one.
+pub type SecretSetting = Option<Result<WebhookSecret, String>>;
+
 /// The settings every handler has unless its table says otherwise (the command line's).
 #[derive(Clone, Debug)]
 pub struct Defaults {
     pub timeout: Duration,
     pub retry: RetryPolicy,
-    pub webhook_secret: Option<WebhookSecret>,
+    pub webhook_secret: SecretSetting,
 }
 
 /// One handler, resolved.
@@ -81,7 +87,7 @@ pub struct HandlerConfig {
     pub target: Target,
     pub timeout: Duration,
     pub retry: RetryPolicy,
-    pub webhook_secret: Option<WebhookSecret>,
+    pub webhook_secret: SecretSetting,
 }
 
 impl HandlerConfig {
@@ -124,22 +130,42 @@ pub fn from_file(path: &Path, defaults: &Defaults) -> Result<Vec<HandlerConfig>,
                 _ => return Err(invalid("give exactly one of `exec` or `webhook`")),
             };
             let max_attempts = e.max_attempts.unwrap_or(defaults.retry.max_attempts);
-            if max_attempts < 1 {
-                return Err(invalid("`max_attempts` must be at least 1"));
+            if !(1..=RetryPolicy::MAX_ATTEMPTS_LIMIT).contains(&max_attempts) {
+                return Err(invalid(&format!(
+                    "`max_attempts` must be from 1 to {}",
+                    RetryPolicy::MAX_ATTEMPTS_LIMIT
+                )));
             }
+            let within = |field: &str, bounds: Bounds, value: Option<Duration>, default| {
+                value
+                    .map(|d| bounds.check(d))
+                    .transpose()
+                    .map(|d| d.unwrap_or(default))
+                    .map_err(|e| invalid(&format!("`{field}`: {e}")))
+            };
             let mut retry = defaults.retry;
             retry.max_attempts = max_attempts;
-            retry.backoff.base = e.retry_delay.unwrap_or(retry.backoff.base);
-            retry.backoff.max = e.retry_max_delay.unwrap_or(retry.backoff.max);
+            let delay_bounds = RetryPolicy::RETRY_DELAY_BOUNDS;
+            retry.backoff.base = within(
+                "retry_delay",
+                delay_bounds,
+                e.retry_delay,
+                retry.backoff.base,
+            )?;
+            retry.backoff.max = within(
+                "retry_max_delay",
+                delay_bounds,
+                e.retry_max_delay,
+                retry.backoff.max,
+            )?;
+            let timeout = within("timeout", TIMEOUT_BOUNDS, e.timeout, defaults.timeout)?;
             let webhook_secret = match e.webhook_secret {
-                Some(s) => Some(
-                    WebhookSecret::parse(&s)
-                        .map_err(|why| invalid(&format!("invalid `webhook_secret`: {why}")))?,
-                ),
+                Some(s) => Some(Ok(WebhookSecret::parse(&s)
+                    .map_err(|why| invalid(&format!("invalid `webhook_secret`: {why}")))?)),
                 None => defaults.webhook_secret.clone(),
             };
             Ok(HandlerConfig {
-                timeout: e.timeout.unwrap_or(defaults.timeout),
+                timeout,
                 retry,
                 webhook_secret,
                 target,
@@ -154,20 +180,32 @@ pub fn from_file(path: &Path, defaults: &Defaults) -> Result<Vec<HandlerConfig>,
 pub fn build(configs: Vec<HandlerConfig>) -> Result<Vec<HandlerSpec>, ConfigError> {
     let client = reqwest::Client::builder()
         .pool_idle_timeout(Duration::from_secs(90))
+        // A redirect would turn the POST into a GET without the envelope (301-303), or send the
+        // signed body wherever `Location` says (307, 308): a 3xx is a failed attempt instead.
+        .redirect(reqwest::redirect::Policy::none())
         .user_agent(concat!("relaybus/", env!("CARGO_PKG_VERSION")))
         .build()
         .map_err(ConfigError::HttpClient)?;
     configs
         .into_iter()
         .map(|c| {
+            let invalid = |why: String| ConfigError::Handler {
+                name: c.name.clone(),
+                why,
+            };
             let handler: Arc<dyn Handler> = match c.target {
+                // An unset variable in a deploy script gives an empty command, which `sh -c`
+                // runs successfully: every delivery would complete without being handled.
+                Target::Exec(cmd) if cmd.trim().is_empty() => {
+                    return Err(invalid(
+                        "the command is empty; give a command to run, or --noop to complete \
+                         deliveries without running anything"
+                            .into(),
+                    ))
+                }
                 Target::Exec(cmd) => Arc::new(ShellHandler::new(cmd, c.timeout)),
                 Target::Noop => Arc::new(NoopHandler),
                 Target::Webhook(url) => {
-                    let invalid = |why: String| ConfigError::Handler {
-                        name: c.name.clone(),
-                        why,
-                    };
                     let parsed = reqwest::Url::parse(&url)
                         .map_err(|e| invalid(format!("invalid webhook URL `{url}`: {e}")))?;
                     if !matches!(parsed.scheme(), "http" | "https") {
@@ -175,12 +213,8 @@ pub fn build(configs: Vec<HandlerConfig>) -> Result<Vec<HandlerSpec>, ConfigErro
                             "the webhook URL must be http:// or https://".into(),
                         ));
                     }
-                    Arc::new(WebhookHandler::new(
-                        client.clone(),
-                        url,
-                        c.webhook_secret,
-                        c.timeout,
-                    ))
+                    let secret = c.webhook_secret.transpose().map_err(invalid)?;
+                    Arc::new(WebhookHandler::new(client.clone(), url, secret, c.timeout))
                 }
             };
             Ok(HandlerSpec {

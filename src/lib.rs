@@ -6,6 +6,7 @@
 
 pub mod backoff;
 pub mod bench;
+pub mod bounds;
 pub mod cli;
 pub mod config;
 pub mod dispatch;

@@ -8,6 +8,7 @@ mod cli;
 mod common;
 mod conformance;
 mod dispatch;
+mod hardening;
 mod publish;
 mod run;
 mod schema;

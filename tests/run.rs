@@ -416,7 +416,7 @@ fn webhook_410_buries_and_retry_after_is_honoured() {
         .timeout(Duration::from_secs(30))
         .assert()
         .success()
-        .stdout("handled 0, failed attempts 1, dead 0, lease lost 0, released 0\n");
+        .stdout("handled 0, failed attempts 1, dead 0, lease lost 0, released 0; 1 scheduled for a later attempt, not drained\n");
     assert_eq!(
         s.rows(&format!(
             "SELECT status, attempts, last_error, \

@@ -8,10 +8,11 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 
-use super::{parse_duration, GlobalArgs, Output};
+use super::{within, GlobalArgs, Output};
 use crate::bench::cells::presets;
 use crate::bench::worker::{self, WorkerPlan};
 use crate::bench::{report, BenchOptions, Coordinator};
+use crate::bounds::Bounds;
 
 /// Measure publish and dispatch throughput, mixed-load latency and the database's counters.
 ///
@@ -45,11 +46,11 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub samples: u32,
     /// Work before the window starts, not counted.
-    #[arg(long, default_value = "500ms", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "500ms", value_parser = within(Bounds::UP_TO_A_DAY), value_name = "DURATION")]
     pub warmup: Duration,
     /// The measured window. The default keeps the quick set to a few minutes; the seed's method
     /// is --warmup 3s --window 15s.
-    #[arg(long, default_value = "2s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "2s", value_parser = within(Bounds::POSITIVE_UP_TO_A_DAY), value_name = "DURATION")]
     pub window: Duration,
     /// A second relaybus binary to compare with, interleaved sample by sample.
     #[arg(long, value_name = "BINARY")]
@@ -119,7 +120,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<Ex
         window: a.window,
         base: base.clone(),
         candidate: candidate.clone(),
-        database_url: g.database_url.clone(),
+        database_url: g.url()?,
         prefix: g.namespace()?.prefix().to_owned(),
         prepared_statements: !g.no_prepared_statements,
         floor: !a.no_floor,

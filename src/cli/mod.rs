@@ -17,9 +17,10 @@ mod upgrade;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 
+use crate::bounds::Bounds;
 use crate::store::{AnyStore, Namespace, StoreOptions};
 
 pub use output::Output;
@@ -50,8 +51,9 @@ pub struct Cli {
 /// Options every command takes.
 #[derive(Debug, Clone, Args)]
 pub struct GlobalArgs {
-    /// Database URL: postgres://user:password@host:port/db. Without it, the libpq variables
-    /// (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) are used with libpq's defaults.
+    /// Database URL: postgres://user:password@host:port/db. Without it, the file
+    /// RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER,
+    /// PGPASSWORD, PGDATABASE) with libpq's defaults.
     #[arg(
         long,
         global = true,
@@ -84,7 +86,7 @@ pub struct GlobalArgs {
 
     /// How long a schema change waits for a lock before it fails, names the blocking session
     /// and changes nothing.
-    #[arg(long, global = true, default_value = human(StoreOptions::LOCK_TIMEOUT), value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, global = true, default_value = human(StoreOptions::LOCK_TIMEOUT), value_parser = within(StoreOptions::LOCK_TIMEOUT_BOUNDS), value_name = "DURATION")]
     pub lock_timeout: Duration,
 }
 
@@ -112,12 +114,39 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (use a duration like 30s, 5m, 250ms)"))
 }
 
+/// The parser of a duration option: a duration within the setting's bounds.
+fn within(bounds: Bounds) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync {
+    move |s| parse_duration(s).and_then(|d| bounds.check(d))
+}
+
 /// A default duration as the help text shows it (and as `parse_duration` reads it back).
 fn human(d: Duration) -> String {
     humantime::format_duration(d).to_string()
 }
 
+/// A secret from the file a `*_FILE` variable names, so it need not sit in the environment.
+fn secret_file(variable: &str) -> Result<Option<String>> {
+    match std::env::var_os(variable) {
+        None => Ok(None),
+        Some(path) => {
+            let text = std::fs::read_to_string(&path).with_context(|| {
+                format!("could not read {variable} (`{}`)", path.to_string_lossy())
+            })?;
+            Ok(Some(text.trim_end_matches(['\n', '\r']).to_owned()))
+        }
+    }
+}
+
 impl GlobalArgs {
+    /// The database URL: --database-url, RELAYBUS_DATABASE_URL, or the file
+    /// RELAYBUS_DATABASE_URL_FILE names.
+    fn url(&self) -> Result<Option<String>> {
+        match &self.database_url {
+            Some(url) => Ok(Some(url.clone())),
+            None => secret_file("RELAYBUS_DATABASE_URL_FILE"),
+        }
+    }
+
     fn namespace(&self) -> Result<Namespace> {
         Ok(Namespace::new(&self.schema, &self.prefix)?)
     }
@@ -131,7 +160,7 @@ impl GlobalArgs {
             ..options
         };
         Ok(crate::store::open(
-            self.database_url.as_deref(),
+            self.url()?.as_deref(),
             self.namespace()?,
             options,
         )?)

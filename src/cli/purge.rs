@@ -8,7 +8,7 @@ use clap::Args;
 use serde_json::json;
 
 use super::output::confirm;
-use super::{parse_duration, GlobalArgs, Output};
+use super::{within, GlobalArgs, Output};
 use crate::store::{purge, PurgeCounts, PurgeOptions, Store, StoreOptions};
 
 /// Delete what retention allows, in bounded batches.
@@ -24,9 +24,9 @@ use crate::store::{purge, PurgeCounts, PurgeOptions, Store, StoreOptions};
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct PurgeArgs {
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, value_parser = within(PurgeOptions::AGE_BOUNDS), value_name = "DURATION")]
     pub completed_older_than: Option<Duration>,
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, value_parser = within(PurgeOptions::AGE_BOUNDS), value_name = "DURATION")]
     pub dead_older_than: Option<Duration>,
     /// Rows per statement.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=100_000))]

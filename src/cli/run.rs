@@ -10,7 +10,7 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
 use tokio::sync::watch;
 
-use super::{human, parse_duration, GlobalArgs, Output};
+use super::{human, secret_file, within, GlobalArgs, Output};
 use crate::backoff::Backoff;
 use crate::config::{self, Defaults, HandlerConfig, Target};
 use crate::dispatch::{worker_name, DispatchOptions, Dispatcher, RetryPolicy, Shutdown};
@@ -84,25 +84,25 @@ pub struct RunArgs {
     #[arg(long, default_value_t = DispatchOptions::BATCH_SIZE as u32, value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub batch_size: u32,
     /// How often an idle worker looks for due work (wake-ups usually come sooner).
-    #[arg(long, default_value = human(DispatchOptions::POLL_INTERVAL), value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = human(DispatchOptions::POLL_INTERVAL), value_parser = within(DispatchOptions::POLL_INTERVAL_BOUNDS), value_name = "DURATION")]
     pub poll_interval: Duration,
     /// How long a lane lease lasts without renewal; a crashed worker's work waits this long.
-    #[arg(long, default_value = human(DispatchOptions::LEASE_DURATION), value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = human(DispatchOptions::LEASE_DURATION), value_parser = within(DispatchOptions::LEASE_DURATION_BOUNDS), value_name = "DURATION")]
     pub lease_duration: Duration,
     /// Database connections.
     #[arg(long, default_value_t = StoreOptions::WORKER_POOL_SIZE as u32, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub pool_size: u32,
     /// Attempts before a delivery is buried.
-    #[arg(long, default_value_t = RetryPolicy::MAX_ATTEMPTS, value_parser = clap::value_parser!(i32).range(1..))]
+    #[arg(long, default_value_t = RetryPolicy::MAX_ATTEMPTS, value_parser = clap::value_parser!(i32).range(1..=RetryPolicy::MAX_ATTEMPTS_LIMIT as i64))]
     pub max_attempts: i32,
     /// Base of the exponential backoff between attempts.
-    #[arg(long, default_value = human(RetryPolicy::RETRY_DELAY), value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = human(RetryPolicy::RETRY_DELAY), value_parser = within(RetryPolicy::RETRY_DELAY_BOUNDS), value_name = "DURATION")]
     pub retry_delay: Duration,
     /// Longest wait between attempts (also caps Retry-After).
-    #[arg(long, default_value = human(RetryPolicy::RETRY_MAX_DELAY), value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = human(RetryPolicy::RETRY_MAX_DELAY), value_parser = within(RetryPolicy::RETRY_DELAY_BOUNDS), value_name = "DURATION")]
     pub retry_max_delay: Duration,
     /// Time one attempt may take.
-    #[arg(long, default_value = human(config::TIMEOUT), value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = human(config::TIMEOUT), value_parser = within(config::TIMEOUT_BOUNDS), value_name = "DURATION")]
     pub timeout: Duration,
     /// Standard Webhooks signing secret (`whsec_...`) for webhook handlers.
     #[arg(
@@ -112,14 +112,15 @@ pub struct RunArgs {
         value_name = "SECRET"
     )]
     pub webhook_secret: Option<String>,
-    /// Exit 0 once no due work is left (batch jobs, tests).
+    /// Exit 0 once no due work is left (batch jobs, tests). Deliveries whose next attempt is due
+    /// later are not waited for; the summary counts them.
     #[arg(long)]
     pub drain: bool,
     /// Completions finishing within this window are deleted by one statement.
-    #[arg(long, default_value = human(DispatchOptions::COMPLETION_WINDOW), value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = human(DispatchOptions::COMPLETION_WINDOW), value_parser = within(DispatchOptions::COMPLETION_WINDOW_BOUNDS), value_name = "DURATION")]
     pub completion_window: Duration,
     /// How long running handlers may finish after a stop signal.
-    #[arg(long, default_value = human(DispatchOptions::SHUTDOWN_GRACE), value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = human(DispatchOptions::SHUTDOWN_GRACE), value_parser = within(DispatchOptions::SHUTDOWN_GRACE_BOUNDS), value_name = "DURATION")]
     pub shutdown_grace: Duration,
     /// Keep an append-only history of completions (one insert per completion).
     #[arg(long)]
@@ -147,13 +148,18 @@ pub enum WakeUp {
 
 /// The handlers the flags or the config file describe.
 fn handler_configs(args: &RunArgs) -> Result<Vec<HandlerConfig>> {
-    let webhook_secret = args
-        .webhook_secret
-        .as_deref()
-        .map(WebhookSecret::parse)
-        .transpose()
-        .map_err(|e| anyhow::anyhow!(e))
-        .context("invalid --webhook-secret (or RELAYBUS_WEBHOOK_SECRET)")?;
+    let (secret, origin) = match &args.webhook_secret {
+        Some(s) => (
+            Some(s.clone()),
+            "--webhook-secret (or RELAYBUS_WEBHOOK_SECRET)",
+        ),
+        None => (
+            secret_file("RELAYBUS_WEBHOOK_SECRET_FILE")?,
+            "RELAYBUS_WEBHOOK_SECRET_FILE",
+        ),
+    };
+    let webhook_secret = secret
+        .map(|s| WebhookSecret::parse(s.trim_end()).map_err(|e| format!("invalid {origin}: {e}")));
     let defaults = Defaults {
         timeout: args.timeout,
         retry: RetryPolicy {
@@ -195,6 +201,9 @@ fn watch_signals(tx: watch::Sender<Shutdown>) -> Result<()> {
 }
 
 pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<ExitCode> {
+    // Handlers run as the same user: keep them from reading this process's environment (the
+    // database URL, the webhook secret) through /proc/<pid>/environ.
+    nix::sys::prctl::set_dumpable(false).context("could not protect the worker's memory")?;
     let handlers = config::build(handler_configs(&args)?)?;
     let store = Arc::new(g.open(StoreOptions::worker(args.pool_size as usize))?);
     store.require_current().await?;
@@ -213,14 +222,29 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<E
         wake_ups: args.wake_up == WakeUp::Listen,
         ..DispatchOptions::new(worker_name())
     };
-    let summary = Dispatcher::new(store, options, handlers, reporter)
+    let names: Vec<String> = handlers.iter().map(|h| h.name.clone()).collect();
+    let summary = Dispatcher::new(Arc::clone(&store), options, handlers, reporter)
         .run(rx.clone())
         .await;
-    if out.json {
-        out.print_json(&summary)?;
+    // A drain ends when nothing is due; retries due later are left, and said so.
+    let scheduled = if args.drain {
+        let stats = store.stats().await?;
+        let mine = stats.iter().filter(|s| names.contains(&s.handler));
+        Some(mine.map(|s| s.scheduled).sum::<i64>())
     } else {
+        None
+    };
+    if out.json {
+        let mut value = serde_json::to_value(summary)?;
+        value["scheduled"] = scheduled.into();
+        out.print_json(&value)?;
+    } else {
+        let later = match scheduled {
+            Some(n) if n > 0 => format!("; {n} scheduled for a later attempt, not drained"),
+            _ => String::new(),
+        };
         out.line(format!(
-            "handled {}, failed attempts {}, dead {}, lease lost {}, released {}",
+            "handled {}, failed attempts {}, dead {}, lease lost {}, released {}{later}",
             summary.handled, summary.failed, summary.dead, summary.lease_lost, summary.released
         ))?;
     }

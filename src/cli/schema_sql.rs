@@ -31,7 +31,7 @@ pub enum FromVersion {
 
 pub(super) fn run(g: &GlobalArgs, out: &Output, args: SchemaSqlArgs) -> Result<ExitCode> {
     let ns = g.namespace()?;
-    let engine = Engine::of(g.database_url.as_deref())?;
+    let engine = Engine::of(g.url()?.as_deref())?;
     let script = match args.from {
         Some(FromVersion::V01) => Script::ConvertFrom01,
         None => Script::Install,

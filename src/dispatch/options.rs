@@ -6,6 +6,7 @@ use std::time::Duration;
 use rand::Rng;
 
 use crate::backoff::Backoff;
+use crate::bounds::Bounds;
 
 #[derive(Clone, Debug)]
 pub struct DispatchOptions {
@@ -31,6 +32,15 @@ impl DispatchOptions {
     pub const LEASE_DURATION: Duration = Duration::from_secs(30);
     pub const COMPLETION_WINDOW: Duration = Duration::from_millis(2);
     pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+    pub const POLL_INTERVAL_BOUNDS: Bounds = Bounds::POSITIVE_UP_TO_A_DAY;
+    /// At least a second: renewals run every third of it, and a lease that expires before its
+    /// renewal commits is taken over by its own worker.
+    pub const LEASE_DURATION_BOUNDS: Bounds =
+        Bounds::new(Duration::from_secs(1), Bounds::UP_TO_A_DAY.max);
+    pub const COMPLETION_WINDOW_BOUNDS: Bounds =
+        Bounds::new(Duration::ZERO, Duration::from_secs(1));
+    pub const SHUTDOWN_GRACE_BOUNDS: Bounds = Bounds::UP_TO_A_DAY;
 
     /// The defaults, for the worker `owner`.
     pub fn new(owner: String) -> Self {
@@ -61,6 +71,8 @@ impl RetryPolicy {
     pub const MAX_ATTEMPTS: i32 = 25;
     pub const RETRY_DELAY: Duration = Duration::from_secs(1);
     pub const RETRY_MAX_DELAY: Duration = Duration::from_secs(3600);
+    pub const RETRY_DELAY_BOUNDS: Bounds = Bounds::UP_TO_A_MONTH;
+    pub const MAX_ATTEMPTS_LIMIT: i32 = 10_000;
 }
 
 impl Default for RetryPolicy {

@@ -53,7 +53,8 @@ impl ShellHandler {
             Ok(v) => v,
             Err(e) => return failed(format!("could not encode the envelope: {e}")),
         };
-        let mut child = match Command::new("sh")
+        let mut command = Command::new("sh");
+        command
             .arg("-c")
             .arg(&self.command)
             .env("RELAYBUS_EVENT_ID", &d.event_id)
@@ -64,15 +65,26 @@ impl ShellHandler {
             .env("RELAYBUS_ATTEMPT", (d.attempts + 1).to_string())
             // The worker's own credentials are not the handler's business.
             .env_remove("RELAYBUS_DATABASE_URL")
+            .env_remove("RELAYBUS_DATABASE_URL_FILE")
             .env_remove("RELAYBUS_WEBHOOK_SECRET")
+            .env_remove("RELAYBUS_WEBHOOK_SECRET_FILE")
             .env_remove("PGPASSWORD")
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-        {
+            .kill_on_drop(true);
+        // SAFETY: between fork and exec the closure only makes one system call (prctl), which
+        // is async-signal-safe and allocates nothing.
+        unsafe {
+            // A worker killed with SIGKILL cannot kill its handlers; the kernel does, so that a
+            // delivery taken over by another worker does not run twice at once.
+            command.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                    .map_err(std::io::Error::from)
+            });
+        }
+        let mut child = match command.spawn() {
             Ok(c) => c,
             Err(e) => return failed(format!("could not start `sh -c {}`: {e}", self.command)),
         };

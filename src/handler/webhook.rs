@@ -1,13 +1,14 @@
 //! Webhook handlers: POST of the envelope over a pooled keep-alive client. With a secret, every
 //! request is signed the Standard Webhooks way. 2xx completes, 410 buries, anything else (or a
-//! timeout, or a connection error) fails the attempt, honouring `Retry-After`.
+//! timeout, or a connection error) fails the attempt, honouring `Retry-After`. Redirects are not
+//! followed: a 3xx fails the attempt, naming its `Location`.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use hmac::{Hmac, Mac};
-use reqwest::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::header::{HeaderValue, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use sha2::Sha256;
 
 use super::{tail, Envelope, Handler, HandlerFuture, Outcome};
@@ -30,10 +31,13 @@ impl WebhookSecret {
         let encoded = text
             .strip_prefix("whsec_")
             .ok_or("a webhook secret starts with `whsec_` followed by base64")?;
-        STANDARD
+        let key = STANDARD
             .decode(encoded)
-            .map(WebhookSecret)
-            .map_err(|_| "the webhook secret after `whsec_` is not valid base64".into())
+            .map_err(|_| "the webhook secret after `whsec_` is not valid base64".to_owned())?;
+        if key.is_empty() {
+            return Err("the webhook secret has no key after `whsec_`".into());
+        }
+        Ok(WebhookSecret(key))
     }
 
     /// `v1,` + base64 HMAC-SHA256 over `{id}.{timestamp}.{body}`.
@@ -108,6 +112,20 @@ impl WebhookHandler {
         let status = response.status();
         if status.is_success() {
             return Outcome::Completed;
+        }
+        if status.is_redirection() {
+            let location = response
+                .headers()
+                .get(LOCATION)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("(none)");
+            return failed(
+                format!(
+                    "HTTP {}: redirect to {location} not followed; point the webhook at the final URL",
+                    status.as_u16()
+                ),
+                None,
+            );
         }
         let retry_after = response
             .headers()

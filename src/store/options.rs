@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::bounds::Bounds;
+
 /// What a command asks of its store.
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
@@ -21,6 +23,7 @@ pub struct StoreOptions {
 
 impl StoreOptions {
     pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+    pub const LOCK_TIMEOUT_BOUNDS: Bounds = Bounds::POSITIVE_UP_TO_A_DAY;
     /// A worker's connections, unless told otherwise.
     pub const WORKER_POOL_SIZE: usize = 10;
 

@@ -304,6 +304,10 @@ pub struct PurgeOptions {
     pub batch: i64,
 }
 
+impl PurgeOptions {
+    pub const AGE_BOUNDS: crate::bounds::Bounds = crate::bounds::Bounds::UP_TO_A_CENTURY;
+}
+
 #[derive(Clone, Copy, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct PurgeCounts {
     pub dead: i64,

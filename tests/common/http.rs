@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 #[derive(Clone, Debug)]
 pub struct Request {
+    pub method: String,
     pub path: String,
     pub headers: Vec<(String, String)>,
     pub body: String,
@@ -46,7 +47,9 @@ pub fn serve(responses: Vec<(u16, &'static str, &'static str)>) -> Server {
                     if reader.read_line(&mut line).unwrap_or(0) == 0 {
                         return;
                     }
-                    let path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
+                    let mut words = line.split_whitespace();
+                    let method = words.next().unwrap_or("").to_owned();
+                    let path = words.next().unwrap_or("").to_owned();
                     let mut headers = vec![];
                     let mut length = 0usize;
                     loop {
@@ -67,6 +70,7 @@ pub fn serve(responses: Vec<(u16, &'static str, &'static str)>) -> Server {
                     let index = {
                         let mut all = seen.lock().unwrap();
                         all.push(Request {
+                            method,
                             path,
                             headers,
                             body: String::from_utf8(body).unwrap(),

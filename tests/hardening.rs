@@ -1,0 +1,327 @@
+//! Defects found by trying relaybus as a hostile operator and a new user would: each test here
+//! failed before its fix.
+
+use std::process::Command as StdCommand;
+use std::time::Duration;
+
+use crate::common::http::serve;
+use crate::common::{
+    finish, relaybus, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, TestSchema,
+};
+
+fn publish(s: &TestSchema, ids: &[&str], handler: &str) {
+    let lines: Vec<String> = ids
+        .iter()
+        .map(|id| serde_json::json!({"id": id, "type": "t", "handlers": [handler]}).to_string())
+        .collect();
+    s.cmd()
+        .arg("publish")
+        .write_stdin(lines.join("\n"))
+        .assert()
+        .success();
+}
+
+/// A redirect is never followed: 301-303 would turn the POST into a GET without the envelope and
+/// complete the delivery on its 200; 307/308 would send the signed body to whatever the
+/// `Location` names. Either is a failed attempt that names the `Location`.
+#[test]
+fn a_webhook_redirect_is_a_failed_attempt_naming_the_location() {
+    for status in [302, 307] {
+        let s = TestSchema::installed(&format!("redirect_{status}"));
+        publish(&s, &["e1"], "hook");
+        let target = serve(vec![(200, "", "ok")]);
+        let header: &'static str =
+            Box::leak(format!("Location: {}\r\n", target.url).into_boxed_str());
+        let redirecting = serve(vec![(status, header, "")]);
+        s.cmd()
+            .args([
+                "run",
+                "--handler",
+                "hook",
+                "--webhook",
+                &redirecting.url,
+                "--drain",
+            ])
+            .assert()
+            .success()
+            .stdout(
+                "handled 0, failed attempts 1, dead 0, lease lost 0, released 0; \
+                 1 scheduled for a later attempt, not drained\n",
+            );
+        let requests = redirecting.requests.lock().unwrap().clone();
+        assert_eq!(
+            requests
+                .iter()
+                .map(|r| r.method.as_str())
+                .collect::<Vec<_>>(),
+            ["POST"]
+        );
+        assert_eq!(
+            target.requests.lock().unwrap().len(),
+            0,
+            "the redirect was followed"
+        );
+        assert_eq!(
+            s.rows(&format!(
+                "SELECT status, attempts, last_error FROM {}",
+                s.table("deliveries")
+            )),
+            [format!(
+                "pending|1|HTTP {status}: redirect to {} not followed; point the webhook at the final URL",
+                target.url
+            )]
+        );
+    }
+}
+
+/// An unset variable in a deploy script makes an empty command, which `sh -c` runs
+/// successfully: every delivery would be completed and deleted unhandled.
+#[test]
+fn an_empty_handler_command_is_refused_and_nothing_is_consumed() {
+    let s = TestSchema::installed("empty_exec");
+    publish(&s, &["e1", "e2"], "h");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("handlers.toml");
+    std::fs::write(&config, "[handlers.h]\nexec = \"  \"\n").unwrap();
+    let cases: [&[&str]; 3] = [
+        &["--handler", "h", "--exec", ""],
+        &["--handler", "h", "--exec", "   "],
+        &["--config", config.to_str().unwrap()],
+    ];
+    for args in cases {
+        let out = s
+            .cmd()
+            .arg("run")
+            .args(args)
+            .arg("--drain")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert_eq!(
+            stderr(&out),
+            "error: handler `h`: the command is empty; give a command to run, or --noop to \
+             complete deliveries without running anything\n"
+        );
+    }
+    assert_eq!(
+        s.count(&format!(
+            "SELECT count(*) FROM {} WHERE status = 'pending'",
+            s.table("deliveries")
+        )),
+        2
+    );
+}
+
+/// Every duration and count has a range, checked before connecting: no panic, no worker that
+/// takes over its own lanes, no statement that fails forever on an interval out of range.
+#[test]
+fn durations_and_counts_out_of_range_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("handlers.toml");
+    std::fs::write(&config, "[handlers.h]\nexec = \"true\"\ntimeout = \"0s\"\n").unwrap();
+    let config = config.to_str().unwrap().to_owned();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "--handler", "h", "--noop", "--drain"];
+        args.extend_from_slice(extra);
+        args.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let cases: Vec<(Vec<String>, i32, &str)> = vec![
+        (
+            run(&["--completion-window", "18446744073709551615s"]),
+            2,
+            "out of range: give a duration from 0s to 1s",
+        ),
+        (
+            run(&["--shutdown-grace", "300000000000y"]),
+            2,
+            "--shutdown-grace",
+        ),
+        (
+            run(&["--lease-duration", "0s"]),
+            2,
+            "0s is out of range: give a duration from 1s to 1day",
+        ),
+        (run(&["--lease-duration", "1ns"]), 2, "1ns is out of range"),
+        (
+            run(&["--lease-duration", "1000000y"]),
+            2,
+            "--lease-duration",
+        ),
+        (run(&["--poll-interval", "0s"]), 2, "from 1ms to 1day"),
+        (run(&["--max-attempts", "0"]), 2, "--max-attempts"),
+        (
+            vec![
+                "purge".into(),
+                "--dead-older-than".into(),
+                "1000000y".into(),
+            ],
+            2,
+            "--dead-older-than",
+        ),
+        (
+            vec!["--lock-timeout".into(), "0s".into(), "setup".into()],
+            2,
+            "--lock-timeout",
+        ),
+        (
+            vec![
+                "run".into(),
+                "--config".into(),
+                config.clone(),
+                "--drain".into(),
+            ],
+            1,
+            "handler `h`: `timeout`: 0s is out of range: give a duration from 1ms to 1day",
+        ),
+    ];
+    for (args, code, message) in cases {
+        let out = relaybus()
+            .env(
+                "RELAYBUS_DATABASE_URL",
+                "postgres://nobody@127.0.0.1:1/nothing",
+            )
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(message), "{args:?}: {}", stderr(&out));
+        assert!(!stderr(&out).contains("panicked"), "{args:?}");
+    }
+}
+
+/// A webhook secret is checked where it is used: an empty key is refused, and a bad secret in
+/// the environment does not stop a worker whose handlers are all shell commands.
+#[test]
+fn a_webhook_secret_is_checked_only_where_it_signs() {
+    let s = TestSchema::installed("webhook_secret");
+    let out = s
+        .cmd()
+        .args([
+            "run",
+            "--handler",
+            "h",
+            "--webhook",
+            "http://127.0.0.1:1/",
+            "--webhook-secret",
+            "whsec_",
+            "--drain",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        "error: handler `h`: invalid --webhook-secret (or RELAYBUS_WEBHOOK_SECRET): the webhook \
+         secret has no key after `whsec_`\n"
+    );
+    publish(&s, &["e1"], "h");
+    s.cmd()
+        .env("RELAYBUS_WEBHOOK_SECRET", "not a secret")
+        .args(["run", "--handler", "h", "--exec", "true", "--drain"])
+        .assert()
+        .success()
+        .stdout("handled 1, failed attempts 0, dead 0, lease lost 0, released 0\n");
+}
+
+/// Secrets can come from files, so they need not sit in the environment.
+#[test]
+fn the_database_url_and_the_webhook_secret_can_come_from_files() {
+    let s = TestSchema::installed("secret_files");
+    publish(&s, &["e1"], "hook");
+    let dir = tempfile::tempdir().unwrap();
+    let (url_file, secret_file) = (dir.path().join("url"), dir.path().join("secret"));
+    std::fs::write(&url_file, format!("{}\n", crate::common::database_url())).unwrap();
+    std::fs::write(&secret_file, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n").unwrap();
+    let server = serve(vec![(204, "", "")]);
+    s.cmd()
+        .env_remove("RELAYBUS_DATABASE_URL")
+        .env("RELAYBUS_DATABASE_URL_FILE", &url_file)
+        .env("RELAYBUS_WEBHOOK_SECRET_FILE", &secret_file)
+        .args([
+            "run",
+            "--handler",
+            "hook",
+            "--webhook",
+            &server.url,
+            "--drain",
+        ])
+        .assert()
+        .success()
+        .stdout("handled 1, failed attempts 0, dead 0, lease lost 0, released 0\n");
+    let request = server.requests.lock().unwrap()[0].clone();
+    assert!(request
+        .header("webhook-signature")
+        .unwrap()
+        .starts_with("v1,"));
+}
+
+/// A handler runs as the worker's user; it must not read the worker's environment (the database
+/// URL, the webhook secret) from /proc. Root may read any process's, so both run as `nobody`.
+#[test]
+fn a_handler_cannot_read_the_worker_s_environment() {
+    let s = TestSchema::installed("environ");
+    publish(&s, &["e1"], "h");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let result = dir.path().join("result");
+    let probe = format!(
+        "if cat /proc/$PPID/environ >/dev/null 2>&1; then echo readable; else echo protected; fi > {}",
+        result.display()
+    );
+    let out = StdCommand::new("runuser")
+        .args(["-u", "nobody", "--"])
+        .arg(assert_cmd::cargo::cargo_bin("relaybus"))
+        .env("RELAYBUS_DATABASE_URL", crate::common::database_url())
+        .args([
+            "--schema",
+            &s.name,
+            "run",
+            "--handler",
+            "h",
+            "--exec",
+            &probe,
+            "--drain",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&result).unwrap(), "protected\n");
+}
+
+/// A worker killed with SIGKILL cannot stop its handlers; the kernel does, so a delivery that
+/// another worker takes over does not run twice at once.
+#[test]
+fn handlers_die_with_a_killed_worker() {
+    let s = TestSchema::installed("pdeathsig");
+    publish(&s, &["e1"], "h");
+    let marker = format!("{}.{}", 500 + std::process::id() % 100, std::process::id());
+    let worker = spawn_worker(
+        &s,
+        &[
+            "--handler",
+            "h",
+            "--exec",
+            &format!("cat >/dev/null; exec sleep {marker}"),
+        ],
+    );
+    wait_in_flight(&s, 1);
+    let running = || {
+        let out = StdCommand::new("pgrep")
+            .args(["-f", &format!("sleep {marker}")])
+            .output()
+            .unwrap();
+        !stdout(&out).is_empty()
+    };
+    wait_until("the handler to start", Duration::from_secs(10), running);
+    signal(&worker, nix::sys::signal::Signal::SIGKILL);
+    finish(worker, Duration::from_secs(10));
+    wait_until(
+        "the handler to die with its worker",
+        Duration::from_secs(10),
+        || !running(),
+    );
+}
