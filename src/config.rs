@@ -112,7 +112,7 @@ pub fn from_file(path: &Path, defaults: &Defaults) -> Result<Vec<HandlerConfig>,
     })?;
     let file: ConfigFile = toml::from_str(&text).map_err(|e| ConfigError::Parse {
         path: shown.clone(),
-        message: e.to_string(),
+        message: parse_error(&text, &e),
     })?;
     if file.handlers.is_empty() {
         return Err(ConfigError::Empty(shown));
@@ -173,6 +173,36 @@ pub fn from_file(path: &Path, defaults: &Defaults) -> Result<Vec<HandlerConfig>,
             })
         })
         .collect()
+}
+
+/// Where and why a config file failed to parse, without quoting it: the offending line may be
+/// a `webhook_secret`, and a message may repeat a value, so every secret of the file is masked.
+fn parse_error(text: &str, e: &toml::de::Error) -> String {
+    let mut message = e.message().to_owned();
+    if let Some(span) = e.span() {
+        let before = &text[..span.start.min(text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+        message = format!("line {line}, column {column}: {message}");
+    }
+    for secret in text.lines().filter_map(secret_value) {
+        message = message.replace(secret, "***");
+    }
+    message
+}
+
+/// The value of a `webhook_secret = "..."` line, as written, whatever follows it.
+fn secret_value(line: &str) -> Option<&str> {
+    let (key, value) = line.split_once('=')?;
+    if key.trim() != "webhook_secret" {
+        return None;
+    }
+    let value = value.trim_start();
+    let secret = match value.chars().next()? {
+        quote @ ('"' | '\'') => value[1..].split(quote).next()?,
+        _ => value.split_whitespace().next()?,
+    };
+    (!secret.is_empty()).then_some(secret)
 }
 
 /// Builds the handlers. Webhook handlers share one HTTP client, so connections are pooled and

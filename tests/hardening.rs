@@ -325,3 +325,167 @@ fn handlers_die_with_a_killed_worker() {
         || !running(),
     );
 }
+
+/// `key=value` connection strings and TLS, as every libpq tool takes them: the worker's own
+/// connections are encrypted when asked, verified against a root certificate when asked, and
+/// refused when the certificate names another host.
+#[test]
+fn key_value_strings_and_tls_modes_reach_the_server_as_libpq_would() {
+    let s = TestSchema::installed("tls");
+    let root = "/etc/ssl/certs/ssl-cert-snakeoil.pem";
+    let check = |conn: &str| {
+        s.cmd()
+            .env("RELAYBUS_DATABASE_URL", conn)
+            .args(["setup", "--check"])
+            .output()
+            .unwrap()
+    };
+    for conn in [
+        "host=127.0.0.1 user=postgres dbname=test sslmode=require".to_owned(),
+        format!("host=localhost user=postgres dbname=test sslmode=verify-full sslrootcert={root}"),
+        format!("host=127.0.0.1 user=postgres dbname=test sslmode=verify-ca sslrootcert={root}"),
+        format!("postgres://postgres@localhost/test?sslmode=verify-full&sslrootcert={root}"),
+    ] {
+        let out = check(&conn);
+        assert!(out.status.success(), "{conn}: {}", stderr(&out));
+    }
+    let out = check(&format!(
+        "host=127.0.0.1 user=postgres dbname=test sslmode=verify-full sslrootcert={root}"
+    ));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("certificate not valid for name \"127.0.0.1\""),
+        "{}",
+        stderr(&out)
+    );
+    // What the server sees of a worker's own connection: its wake-up listener.
+    for (mode, encrypted) in [("require", "true"), ("disable", "false")] {
+        let worker = StdCommand::new(assert_cmd::cargo::cargo_bin("relaybus"))
+            .env(
+                "RELAYBUS_DATABASE_URL",
+                format!("host=127.0.0.1 user=postgres dbname=test sslmode={mode}"),
+            )
+            .env("PGAPPNAME", format!("tls-{mode}-{}", s.name))
+            .args(["--schema", &s.name, "run", "--handler", "h", "--noop"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let sql = format!(
+            "SELECT s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+              WHERE a.application_name = 'tls-{mode}-{}' AND a.query LIKE 'LISTEN %'",
+            s.name
+        );
+        let mut seen = vec![];
+        wait_until("the worker's listener", Duration::from_secs(20), || {
+            seen = s.rows(&sql);
+            !seen.is_empty()
+        });
+        signal(&worker, nix::sys::signal::Signal::SIGTERM);
+        finish(worker, Duration::from_secs(30));
+        assert_eq!(seen, [encrypted], "sslmode={mode}");
+    }
+}
+
+/// No output of any command, in any failure, holds a password or a webhook secret.
+#[test]
+fn passwords_and_webhook_secrets_never_reach_the_output() {
+    let s = TestSchema::installed("secrets");
+    for conn in [
+        "host=127.0.0.1 port=1 user=app password=hunter2 dbname=x",
+        "postgres://app@127.0.0.1:1/x?password=hunter2",
+        "postgres://app:hunter2@127.0.0.1:1/x",
+        "postgres://app:hunter2@[::1/x",
+        "host=127.0.0.1 password='hunter2",
+        "mysql://app:hunter2@db/x",
+        "postgres://app:hunter2@127.0.0.1/x?sslmode=bogus",
+        "postgres://app@127.0.0.1/x?password=hunter2&sslmode=bogus",
+        "mysql://app@db/x?password=hunter2",
+    ] {
+        for args in [
+            &["setup", "--check"][..],
+            &["--json", "stats"],
+            &["schema-sql"],
+        ] {
+            let out = s
+                .cmd()
+                .env("RELAYBUS_DATABASE_URL", conn)
+                .args(args)
+                .output()
+                .unwrap();
+            let text = format!("{}{}", stdout(&out), stderr(&out));
+            assert!(!text.contains("hunter2"), "{conn} {args:?}: {text}");
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("handlers.toml");
+    std::fs::write(
+        &config,
+        "[handlers.h]\nwebhook = \"http://127.0.0.1:1/\"\nwebhook_secret = \"whsec_c2VjcmV0c2VjcmV0\" oops\n",
+    )
+    .unwrap();
+    let out = s
+        .cmd()
+        .args(["run", "--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "error: invalid config file `{}`: line 3, column 43: expected newline, `#`\n",
+            config.display()
+        )
+    );
+}
+
+/// A server that accepts a connection and never answers (a half-open firewall, the wrong
+/// service on the port) fails the command within the start-up bound, naming it.
+#[test]
+fn a_server_that_never_answers_fails_within_the_connect_timeout() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let held = std::thread::spawn(move || {
+        let accepted: Vec<_> = silent.incoming().take(1).collect();
+        std::thread::sleep(Duration::from_secs(10));
+        drop(accepted);
+    });
+    let started = std::time::Instant::now();
+    let out = relaybus()
+        .env(
+            "RELAYBUS_DATABASE_URL",
+            format!("host=127.0.0.1 port={port} user=app dbname=x"),
+        )
+        .env("PGCONNECT_TIMEOUT", "2")
+        .args(["setup", "--check"])
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "error: could not connect to PostgreSQL at 127.0.0.1:{port}/x as app: no answer \
+             within 2s (connect_timeout, or PGCONNECT_TIMEOUT); check --database-url (or \
+             RELAYBUS_DATABASE_URL) and that the server is running\n"
+        )
+    );
+    assert!(took < Duration::from_secs(6), "{took:?}");
+    drop(held);
+}
+
+/// Without a URL the libpq variables say everything, as for psql.
+#[test]
+fn the_libpq_variables_are_enough_to_connect() {
+    let s = TestSchema::installed("libpq_env");
+    s.cmd()
+        .env_remove("RELAYBUS_DATABASE_URL")
+        .env("PGHOST", "127.0.0.1")
+        .env("PGPORT", "5432")
+        .env("PGUSER", "postgres")
+        .env("PGDATABASE", "test")
+        .env("PGSSLMODE", "require")
+        .args(["setup", "--check"])
+        .assert()
+        .success();
+}

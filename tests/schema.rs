@@ -449,7 +449,7 @@ fn bad_names_and_urls_are_refused_with_what_to_do() {
         .unwrap();
     assert_eq!(
         stderr(&out),
-        "error: unsupported database URL `mysql://x@y/z`: use postgres:// or postgresql://\n"
+        "error: unsupported database URL `mysql://x@y/z`: use postgres://, postgresql:// or key=value pairs (host=... dbname=...)\n"
     );
     let out = s
         .cmd()

@@ -17,7 +17,8 @@ pub enum Engine {
 }
 
 impl Engine {
-    /// The engine a URL names; without a URL, PostgreSQL through the libpq variables.
+    /// The engine a connection string names; without one, PostgreSQL through the libpq
+    /// variables.
     pub fn of(url: Option<&str>) -> Result<Engine> {
         match url {
             None => Ok(Engine::Postgres),
@@ -27,7 +28,9 @@ impl Engine {
             Some(u) if u.starts_with("mongodb://") || u.starts_with("mongodb+srv://") => {
                 Ok(Engine::Mongo)
             }
-            Some(u) => Err(StoreError::UnsupportedUrl(redact_url(u))),
+            // libpq's other form: `host=db dbname=app sslmode=require`.
+            Some(u) if !u.contains("://") && u.contains('=') => Ok(Engine::Postgres),
+            Some(u) => Err(StoreError::UnsupportedUrl(redact(u))),
         }
     }
 }
@@ -60,23 +63,41 @@ pub fn schema_script(engine: Engine, ns: &Namespace, script: Script) -> Result<S
     }
 }
 
-/// A URL with its password replaced by `***`, for messages and logs.
-pub fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_owned();
+/// A connection string with its password replaced by `***`, for messages and logs: in a URL's
+/// user information or query, or in `key=value` pairs.
+pub fn redact(conn: &str) -> String {
+    let Some(scheme_end) = conn.find("://") else {
+        return super::postgres::redact_pairs(conn);
     };
-    let rest = &url[scheme_end + 3..];
+    let rest = &conn[scheme_end + 3..];
     let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
     let authority = &rest[..authority_end];
+    let mut out = conn[..scheme_end + 3].to_owned();
     match (authority.rfind('@'), authority.find(':')) {
-        (Some(at), Some(colon)) if colon < at => format!(
-            "{}{}:***{}",
-            &url[..scheme_end + 3],
-            &authority[..colon],
-            &rest[at..]
-        ),
-        _ => url.to_owned(),
+        (Some(at), Some(colon)) if colon < at => {
+            out.push_str(&authority[..colon]);
+            out.push_str(":***");
+            out.push_str(&authority[at..]);
+        }
+        _ => out.push_str(authority),
     }
+    let tail = &rest[authority_end..];
+    match tail.split_once('?') {
+        None => out.push_str(tail),
+        Some((path, query)) => {
+            let pairs: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((k, _)) if k == "password" => format!("{k}=***"),
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            out.push_str(path);
+            out.push('?');
+            out.push_str(&pairs.join("&"));
+        }
+    }
+    out
 }
 
 /// Any engine's store.
@@ -224,16 +245,25 @@ mod tests {
             Engine::Mongo
         );
         assert_eq!(
+            Engine::of(Some("host=db dbname=x")).unwrap(),
+            Engine::Postgres
+        );
+        assert_eq!(
             Engine::of(Some("mysql://u:pw@h/db"))
                 .unwrap_err()
                 .to_string(),
-            "unsupported database URL `mysql://u:***@h/db`: use postgres:// or postgresql://"
+            "unsupported database URL `mysql://u:***@h/db`: use postgres://, postgresql:// or \
+             key=value pairs (host=... dbname=...)"
         );
         assert_eq!(
-            redact_url("postgres://app:s3cret@db:5432/x?sslmode=disable"),
+            redact("postgres://app:s3cret@db:5432/x?sslmode=disable"),
             "postgres://app:***@db:5432/x?sslmode=disable"
         );
-        assert_eq!(redact_url("postgres://app@db/x"), "postgres://app@db/x");
-        assert_eq!(redact_url("postgres://db/x"), "postgres://db/x");
+        assert_eq!(
+            redact("postgres://app@db/x?user=a&password=s3cret&sslmode=require"),
+            "postgres://app@db/x?user=a&password=***&sslmode=require"
+        );
+        assert_eq!(redact("postgres://app@db/x"), "postgres://app@db/x");
+        assert_eq!(redact("host=db password=s3cret"), "host=db password=***");
     }
 }

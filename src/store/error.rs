@@ -19,8 +19,11 @@ pub enum StoreError {
         example: &'static str,
     },
 
-    #[error("unsupported database URL `{0}`: use postgres:// or postgresql://")]
+    #[error("unsupported database URL `{0}`: use postgres://, postgresql:// or key=value pairs (host=... dbname=...)")]
     UnsupportedUrl(String),
+
+    #[error("invalid connection string `{shown}`: {why}")]
+    InvalidConnectionString { shown: String, why: String },
 
     #[error("MongoDB stores are not available in this build of relaybus; use a PostgreSQL URL (postgres://...)")]
     MongoUnavailable,

@@ -18,7 +18,7 @@ mod wake;
 use std::future::Future;
 use std::time::Duration;
 
-pub use any::{open, redact_url, schema_script, AnyStore, Engine, Script};
+pub use any::{open, redact, schema_script, AnyStore, Engine, Script};
 pub use error::{BoxError, StoreError};
 pub use ident::Namespace;
 pub use options::StoreOptions;

@@ -11,45 +11,72 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_postgres::tls::NoTlsStream;
+use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, Config, Connection, NoTls, Row, Socket, Statement};
+use tokio_postgres::{Client, Config, Connection, Row, Socket, Statement};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
+use super::conninfo::{self, ConnInfo};
 use super::sql::Sql;
-use crate::store::{redact_url, ClientCounts, Result, StoreError, StoreOptions};
+use crate::store::{redact, ClientCounts, Result, StoreError, StoreOptions};
 
-/// How to reach the server, resolved once from the URL or the libpq variables.
-#[derive(Clone, Debug)]
+/// The stream of a connection: TLS or plain, as `sslmode` and the server agree.
+pub(crate) type Stream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
+
+/// How to reach the server, resolved once from the connection string and the libpq variables.
+#[derive(Clone)]
 pub(crate) struct ConnectOptions {
     config: Config,
+    tls: MakeRustlsConnect,
+    connect_timeout: Option<std::time::Duration>,
     /// `PostgreSQL at host:port/db as user`, for messages; never holds the password.
     target: String,
 }
 
 impl ConnectOptions {
-    /// From a `postgres://` URL, or from `PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD` and
-    /// `PGDATABASE` with libpq's defaults when no URL is given.
-    pub(crate) fn resolve(url: Option<&str>) -> Result<Self> {
-        let mut config = match url {
-            Some(url) => url
-                .parse::<Config>()
-                .map_err(|_| StoreError::UnsupportedUrl(redact_url(url)))?,
-            None => from_libpq_env(),
-        };
-        let target = describe_target(&config);
-        if config.get_application_name().is_none() {
-            config.application_name("relaybus");
-        }
-        Ok(Self { config, target })
+    /// From a `postgres://` URL or `key=value` pairs, completed as libpq completes them; with no
+    /// string, from the variables alone.
+    pub(crate) fn resolve(conn: Option<&str>) -> Result<Self> {
+        let ConnInfo {
+            config,
+            tls,
+            connect_timeout,
+        } = conninfo::resolve(conn, &|k| std::env::var(k).ok()).map_err(|why| {
+            StoreError::InvalidConnectionString {
+                shown: conn.map(redact).unwrap_or_default(),
+                why,
+            }
+        })?;
+        Ok(Self {
+            target: describe_target(&config),
+            tls: MakeRustlsConnect::new(tls),
+            connect_timeout,
+            config,
+        })
     }
 
     /// A new connection, and the task that drives it (its errors reach the client's next
-    /// request). The listener polls the connection itself.
-    pub(crate) async fn connect_raw(&self) -> Result<(Client, Connection<Socket, NoTlsStream>)> {
-        self.config
-            .connect(NoTls)
-            .await
-            .map_err(|cause| self.connect_error(cause))
+    /// request). The listener polls the connection itself. The whole start-up (connecting, TLS,
+    /// authentication) is bounded: a server that accepts and never answers fails it in time.
+    pub(crate) async fn connect_raw(&self) -> Result<(Client, Connection<Socket, Stream>)> {
+        let connecting = self.config.connect(self.tls.clone());
+        let connected = match self.connect_timeout {
+            None => connecting.await,
+            Some(bound) => match tokio::time::timeout(bound, connecting).await {
+                Ok(connected) => connected,
+                Err(_) => {
+                    return Err(StoreError::Connect {
+                        target: self.target.clone(),
+                        detail: format!(
+                            "no answer within {} (connect_timeout, or PGCONNECT_TIMEOUT)",
+                            humantime::format_duration(bound)
+                        ),
+                        cause: Box::new(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+                    })
+                }
+            },
+        };
+        connected.map_err(|cause| self.connect_error(cause))
     }
 
     /// A new connection driven by a task of its own.
@@ -68,30 +95,6 @@ impl ConnectOptions {
             cause: Box::new(cause),
         }
     }
-}
-
-fn from_libpq_env() -> Config {
-    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let mut config = Config::new();
-    let host = var("PGHOST").unwrap_or_else(|| {
-        // libpq's default is the server's Unix socket directory where one exists.
-        if std::path::Path::new("/var/run/postgresql").exists() {
-            "/var/run/postgresql".into()
-        } else {
-            "localhost".into()
-        }
-    });
-    config.host(&host);
-    config.port(var("PGPORT").and_then(|p| p.parse().ok()).unwrap_or(5432));
-    let user = var("PGUSER")
-        .or_else(|| var("USER"))
-        .unwrap_or_else(|| "postgres".into());
-    config.dbname(var("PGDATABASE").unwrap_or_else(|| user.clone()));
-    config.user(&user);
-    if let Some(password) = var("PGPASSWORD") {
-        config.password(password);
-    }
-    config
 }
 
 fn describe_target(config: &Config) -> String {

@@ -6,6 +6,7 @@
 mod admin;
 mod bench;
 mod conn;
+mod conninfo;
 mod dispatch;
 mod publish;
 mod schema;
@@ -21,6 +22,7 @@ use conn::{ConnectOptions, Pool};
 use sql::Statements;
 use wake::Notifier;
 
+pub(crate) use conninfo::redact_pairs;
 pub(crate) use schema::script;
 
 use crate::store::*;
