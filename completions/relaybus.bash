@@ -1292,7 +1292,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__schema__subcmd__sql)
-            opts="-h -V --from --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            opts="-h -V --from --grants --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1300,6 +1300,10 @@ _relaybus() {
             case "${prev}" in
                 --from)
                     COMPREPLY=($(compgen -W "0.1" -- "${cur}"))
+                    return 0
+                    ;;
+                --grants)
+                    COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --database-url)

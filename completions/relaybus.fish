@@ -57,6 +57,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l no-prepared-
 complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l from -d 'Render the conversion from this installed version instead of a fresh install' -r -f -a "0.1\t''"
+complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l grants -d 'Render the grants a runtime role needs instead' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l schema -d 'Database schema that holds the relaybus tables' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l prefix -d 'Prefix of every relaybus table, index and function name' -r

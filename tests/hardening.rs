@@ -489,3 +489,266 @@ fn the_libpq_variables_are_enough_to_connect() {
         .assert()
         .success();
 }
+
+/// A schema name of 48 or more characters made the NOTIFY channel longer than the server
+/// accepts; the failure was swallowed and idle workers waited for their poll. A worker that
+/// polls once an hour must still be woken at once.
+#[test]
+fn wake_ups_reach_workers_of_a_schema_with_a_long_name() {
+    let s = TestSchema::installed("wakeup_with_a_schema_name_long_enough_to_pass_the_limit");
+    assert_eq!(s.name.len(), 63);
+    let dir = tempfile::tempdir().unwrap();
+    let done = dir.path().join("done");
+    let app = format!("wake-{}", std::process::id());
+    let worker = StdCommand::new(assert_cmd::cargo::cargo_bin("relaybus"))
+        .env("RELAYBUS_DATABASE_URL", crate::common::database_url())
+        .env("PGAPPNAME", &app)
+        .args([
+            "--schema",
+            &s.name,
+            "run",
+            "--handler",
+            "h",
+            "--poll-interval",
+            "1h",
+        ])
+        .args(["--exec", &format!("cat > {}", done.display())])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let listening = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{app}' AND query LIKE 'LISTEN %'"
+    );
+    wait_until("the worker's listener", Duration::from_secs(20), || {
+        s.count(&listening) > 0
+    });
+    // The first claim found nothing; from here only a wake-up brings the event within the hour.
+    std::thread::sleep(Duration::from_millis(300));
+    publish(&s, &["wake"], "h");
+    wait_until(
+        "the woken worker to handle the event",
+        Duration::from_secs(20),
+        || done.exists(),
+    );
+    signal(&worker, nix::sys::signal::Signal::SIGTERM);
+    let out = finish(worker, Duration::from_secs(30));
+    assert_eq!(
+        stdout(&out),
+        "handled 1, failed attempts 0, dead 0, lease lost 0, released 0\n"
+    );
+}
+
+/// The setup lock queues upgraders: a second upgrade waits for the first however long it
+/// converts (its --lock-timeout guards the tables, not the queue), then finds the store
+/// current and says so, instead of failing after the timeout.
+#[test]
+fn an_upgrade_waits_for_the_setup_lock_and_finds_the_store_converted() {
+    let s = TestSchema::with_fixture_0_1("upgrade_waits");
+    let script = stdout(
+        &s.cmd()
+            .args(["schema-sql", "--from", "0.1"])
+            .output()
+            .unwrap(),
+    );
+    let key: i64 = script
+        .lines()
+        .find_map(|l| l.strip_prefix("SELECT pg_advisory_xact_lock("))
+        .and_then(|r| r.strip_suffix(");"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let holder = crate::common::connect();
+    let rt = crate::common::runtime();
+    rt.block_on(holder.batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock({key})")))
+        .unwrap();
+    let mut waiter = StdCommand::new(assert_cmd::cargo::cargo_bin("relaybus"))
+        .env("RELAYBUS_DATABASE_URL", crate::common::database_url())
+        .args([
+            "--schema",
+            &s.name,
+            "--lock-timeout",
+            "300ms",
+            "upgrade",
+            "--yes",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        waiter.try_wait().unwrap().is_none(),
+        "the upgrade stopped waiting"
+    );
+    // The lock's holder converts the store, as a first upgrade would, and commits.
+    rt.block_on(holder.batch_execute(&script)).unwrap();
+    rt.block_on(holder.batch_execute("COMMIT")).unwrap();
+    let out = finish(waiter, Duration::from_secs(30));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.starts_with("found: schema 0.1\n"), "{text}");
+    assert!(
+        text.ends_with(
+            "relaybus schema is 0.2 now: another session converted it while this one waited \
+             for the setup lock; nothing was changed\n"
+        ),
+        "{text}"
+    );
+}
+
+/// A runtime role with the grants `schema-sql --grants` renders runs publish, workers and the
+/// admin commands, and `setup` on a current store reports it current instead of failing on
+/// privileges it need not have.
+#[test]
+fn a_runtime_role_with_the_rendered_grants_runs_everything_but_schema_changes() {
+    struct Role(String);
+    impl Drop for Role {
+        fn drop(&mut self) {
+            let admin = crate::common::connect();
+            let _ = crate::common::runtime().block_on(admin.batch_execute(&format!(
+                "DROP OWNED BY \"{0}\"; DROP ROLE IF EXISTS \"{0}\"",
+                self.0
+            )));
+        }
+    }
+    let s = TestSchema::installed("runtime_role");
+    let role = Role(format!("rb_app_{}", std::process::id()));
+    s.exec(&format!(
+        "DROP ROLE IF EXISTS \"{0}\"; CREATE ROLE \"{0}\" LOGIN",
+        role.0
+    ));
+    let grants = s
+        .cmd()
+        .args(["schema-sql", "--grants", &role.0])
+        .output()
+        .unwrap();
+    assert!(grants.status.success(), "{}", stderr(&grants));
+    s.exec(&stdout(&grants));
+    let url = format!("postgres://{}@127.0.0.1:5432/test", role.0);
+    let as_role = |args: &[&str]| {
+        let out = s
+            .cmd()
+            .env("RELAYBUS_DATABASE_URL", &url)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        stdout(&out)
+    };
+    assert_eq!(
+        as_role(&["setup"]),
+        format!(
+            "relaybus schema 0.2 already installed (schema \"{}\", prefix \"relaybus_\"); nothing to do\n",
+            s.name
+        )
+    );
+    as_role(&["setup", "--check"]);
+    as_role(&["upgrade", "--dry-run"]);
+    as_role(&[
+        "publish",
+        "--type",
+        "t",
+        "--id",
+        "e1",
+        "--handler",
+        "h",
+        "--handler",
+        "dies",
+    ]);
+    as_role(&["run", "--handler", "h", "--exec", "true", "--drain"]);
+    as_role(&[
+        "run",
+        "--handler",
+        "dies",
+        "--exec",
+        "exit 65",
+        "--drain",
+        "--completion-history",
+    ]);
+    as_role(&["dead", "list"]);
+    as_role(&["dead", "requeue", "--all", "--yes"]);
+    as_role(&["deliveries", "list"]);
+    as_role(&["events", "show", "e1"]);
+    as_role(&["lanes"]);
+    as_role(&["stats"]);
+    as_role(&[
+        "purge",
+        "--completed-older-than",
+        "0s",
+        "--dead-older-than",
+        "0s",
+        "--yes",
+    ]);
+    let out = relaybus()
+        .env("RELAYBUS_DATABASE_URL", &url)
+        .args(["--schema", "elsewhere_entirely", "setup"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "a new store needs the owner");
+}
+
+/// A payload reaches the store and the handler exactly as published, every digit of a large
+/// number included (it was rounded through a 64-bit float).
+#[test]
+fn numbers_in_payloads_keep_every_digit() {
+    let s = TestSchema::installed("big_numbers");
+    let payload =
+        r#"{"amount":123456789012345678901234567890,"rate":0.1000000000000000055511151231257827}"#;
+    s.cmd()
+        .arg("publish")
+        .write_stdin(format!(
+            r#"{{"id": "e1", "type": "t", "handlers": ["h"], "payload": {payload}}}"#
+        ))
+        .assert()
+        .success();
+    s.cmd()
+        .args([
+            "publish",
+            "--type",
+            "t",
+            "--id",
+            "e2",
+            "--handler",
+            "h",
+            "--data",
+            payload,
+        ])
+        .assert()
+        .success();
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT payload::text FROM {} ORDER BY id",
+            s.table("events")
+        )),
+        [r#"{"rate": 0.1000000000000000055511151231257827, "amount": 123456789012345678901234567890}"#;
+            2]
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let seen = dir.path().join("seen");
+    s.cmd()
+        .args(["run", "--handler", "h", "--drain", "--concurrency", "1"])
+        .args([
+            "--exec",
+            &format!("cat >> {}; echo >> {}", seen.display(), seen.display()),
+        ])
+        .assert()
+        .success();
+    let lines = std::fs::read_to_string(&seen).unwrap();
+    assert_eq!(lines.lines().count(), 2);
+    for line in lines.lines() {
+        let envelope: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(
+            envelope["payload"]["amount"].to_string(),
+            "123456789012345678901234567890"
+        );
+        assert_eq!(
+            envelope["payload"]["rate"].to_string(),
+            "0.1000000000000000055511151231257827"
+        );
+        assert!(
+            line.contains(r#""amount":123456789012345678901234567890"#),
+            "{line}"
+        );
+    }
+}

@@ -181,7 +181,10 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: PublishArgs) -> Resu
         }
     }
     if tally.deliveries > 0 {
-        store.flush_wake_ups().await?;
+        // The events are published; a lost wake-up only delays them until the workers' poll.
+        if let Err(e) = store.flush_wake_ups().await {
+            eprintln!("warning: {e:#}");
+        }
     }
     if out.json {
         out.print_json(&json!({

@@ -11,16 +11,22 @@ use crate::store::{schema_script, Engine, Script};
 /// Print the schema as SQL for your own migration tool (Flyway, Atlas, sqitch, a DBA).
 ///
 /// Connects to nothing. Without --from, prints the complete install script for an empty
-/// database; with --from 0.1, the in-place conversion of a 0.1 store. Both are idempotent:
+/// database; with --from 0.1, the in-place conversion of a 0.1 store. Both are idempotent.
+/// With --grants ROLE, the least privileges a runtime role needs (publish, run, the admin
+/// commands), for a store installed by its owner:
 ///
 ///   relaybus schema-sql --schema app > relaybus.sql
 ///   psql -v ON_ERROR_STOP=1 --single-transaction -f relaybus.sql
+///   relaybus schema-sql --schema app --grants app_worker | psql -v ON_ERROR_STOP=1
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct SchemaSqlArgs {
     /// Render the conversion from this installed version instead of a fresh install.
-    #[arg(long, value_enum, value_name = "VERSION")]
+    #[arg(long, value_enum, value_name = "VERSION", conflicts_with = "grants")]
     pub from: Option<FromVersion>,
+    /// Render the grants a runtime role needs instead.
+    #[arg(long, value_name = "ROLE", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    pub grants: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -32,11 +38,12 @@ pub enum FromVersion {
 pub(super) fn run(g: &GlobalArgs, out: &Output, args: SchemaSqlArgs) -> Result<ExitCode> {
     let ns = g.namespace()?;
     let engine = Engine::of(g.url()?.as_deref())?;
-    let script = match args.from {
-        Some(FromVersion::V01) => Script::ConvertFrom01,
-        None => Script::Install,
+    let script = match (args.from, args.grants) {
+        (_, Some(role)) => Script::Grants { role },
+        (Some(FromVersion::V01), None) => Script::ConvertFrom01,
+        (None, None) => Script::Install,
     };
-    let script = schema_script(engine, &ns, script)?;
+    let script = schema_script(engine, &ns, &script)?;
     out.line(script.trim_end())?;
     Ok(ExitCode::SUCCESS)
 }

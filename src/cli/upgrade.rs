@@ -110,15 +110,23 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Resu
     };
     let outcome = store.upgrade(args.force, &progress).await?;
     let seconds = started.elapsed().as_secs_f64();
+    // Another upgrade may have held the setup lock and converted the store meanwhile.
+    let applied = outcome.before == SchemaStatus::V01;
     if out.json {
         out.print_json(&json!({
             "dry_run": false,
-            "applied": true,
+            "applied": applied,
             "before": outcome.before.describe(),
             "after": outcome.after.describe(),
             "seconds": seconds,
             "plan": plan,
         }))?;
+    } else if !applied {
+        out.line(format!(
+            "relaybus schema is {} now: another session converted it while this one waited for \
+             the setup lock; nothing was changed",
+            outcome.before.describe()
+        ))?;
     } else {
         out.line(format!(
             "upgraded schema \"{}\" from {} to {} in {seconds:.1}s",

@@ -36,12 +36,14 @@ impl Engine {
 }
 
 /// Which schema script to render.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Script {
     /// The complete install, for an empty database.
     Install,
     /// The in-place conversion of a 0.1 store, ending with the install.
     ConvertFrom01,
+    /// The least privileges a runtime role needs, for the role named.
+    Grants { role: String },
 }
 
 /// The store at `url` (None: the libpq variables) in `ns`. Connections open on first use.
@@ -56,7 +58,7 @@ pub fn open(url: Option<&str>, ns: Namespace, options: StoreOptions) -> Result<A
 
 /// An engine's schema as a script for the operator's own migration tool, rendered without a
 /// connection.
-pub fn schema_script(engine: Engine, ns: &Namespace, script: Script) -> Result<String> {
+pub fn schema_script(engine: Engine, ns: &Namespace, script: &Script) -> Result<String> {
     match engine {
         Engine::Postgres => Ok(super::postgres::script(ns, script)),
         Engine::Mongo => Err(StoreError::MongoUnavailable),

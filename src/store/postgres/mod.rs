@@ -41,7 +41,12 @@ impl PgStore {
         let pool = Arc::new(Pool::new(ConnectOptions::resolve(url)?, &options));
         let sql = Arc::new(Statements::render(&ns));
         Ok(Self {
-            notifier: Notifier::new(Arc::clone(&pool), sql.notify.clone(), options.notify),
+            notifier: Notifier::new(
+                Arc::clone(&pool),
+                sql.notify.clone(),
+                wake::channel(&ns),
+                options.notify,
+            ),
             lock_timeout: options.lock_timeout,
             sql,
             ns,
@@ -81,8 +86,7 @@ impl Store for PgStore {
     }
 
     async fn flush_wake_ups(&self) -> Result<()> {
-        self.notifier.send().await;
-        Ok(())
+        self.notifier.flush().await
     }
 
     fn wake_ups(&self) -> Option<WakeUps> {

@@ -100,6 +100,7 @@ statements! {
     detect => "schema/detect",
     version => "schema/version",
     setup_lock => "schema/setup_lock",
+    may_create => "schema/may_create",
     live_leases_0_1 => "schema/live_leases_0_1",
     counts_0_1 => "schema/counts_0_1",
     existing_objects => "schema/existing_objects",

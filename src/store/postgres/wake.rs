@@ -13,22 +13,36 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio_postgres::AsyncMessage;
 
-use super::conn::{describe, ConnectOptions, Pool};
+use super::conn::{db, describe, ConnectOptions, Pool};
 use super::sql::Sql;
 use crate::backoff::{Backoff, Retries};
-use crate::store::{Namespace, WakeUp, WakeUps};
+use crate::store::lane::fnv1a_32;
+use crate::store::{Namespace, Result, StoreError, WakeUp, WakeUps};
 
 /// At most one notification per store per interval.
 pub(crate) const NOTIFY_INTERVAL: Duration = Duration::from_millis(10);
 
-/// The channel of a namespace, as `delivery/notify.sql` names it.
+/// PostgreSQL's longest identifier, and so the longest channel name.
+const MAX_CHANNEL: usize = 63;
+
+/// The channel of a namespace: `schema.prefixwakeup`, as other relaybus 0.2 workers name it, or
+/// a name derived from it when that would pass 63 bytes (the server refuses longer names).
 pub(crate) fn channel(ns: &Namespace) -> String {
-    ns.render("{{schema}}.{{prefix}}wakeup")
+    let name = ns.render("{{schema}}.{{prefix}}wakeup");
+    if name.len() <= MAX_CHANNEL {
+        return name;
+    }
+    let (schema, prefix) = (
+        fnv1a_32(ns.schema().as_bytes()),
+        fnv1a_32(ns.prefix().as_bytes()),
+    );
+    format!("relaybus_wakeup_{schema:08x}{prefix:08x}")
 }
 
 pub(crate) struct Notifier {
     pool: Arc<Pool>,
     sql: Sql,
+    channel: String,
     enabled: bool,
     state: Mutex<State>,
 }
@@ -37,13 +51,16 @@ pub(crate) struct Notifier {
 struct State {
     last: Option<Instant>,
     trailing: bool,
+    /// Why a wake-up sent in the background failed, until someone is told.
+    failed: Option<StoreError>,
 }
 
 impl Notifier {
-    pub(crate) fn new(pool: Arc<Pool>, sql: Sql, enabled: bool) -> Arc<Self> {
+    pub(crate) fn new(pool: Arc<Pool>, sql: Sql, channel: String, enabled: bool) -> Arc<Self> {
         Arc::new(Self {
             pool,
             sql,
+            channel,
             enabled,
             state: Mutex::new(State::default()),
         })
@@ -77,15 +94,26 @@ impl Notifier {
                 state.trailing = false;
                 state.last = Some(Instant::now());
             }
-            this.send().await;
+            if let Err(e) = this.send().await {
+                this.state.lock().expect("notifier lock").failed = Some(e);
+            }
         });
     }
 
-    /// Sends one notification now, for callers that are about to exit.
-    pub(crate) async fn send(&self) {
-        if let Ok(mut conn) = self.pool.get().await {
-            let _ = conn.execute(&self.sql, &[]).await;
-        }
+    /// Sends one notification now, for callers that are about to exit; fails if it, or one
+    /// sent in the background since the last call, could not be sent.
+    pub(crate) async fn flush(&self) -> Result<()> {
+        let earlier = self.state.lock().expect("notifier lock").failed.take();
+        self.send().await?;
+        earlier.map_or(Ok(()), Err)
+    }
+
+    async fn send(&self) -> Result<()> {
+        let mut conn = self.pool.get().await?;
+        conn.execute(&self.sql, &[&self.channel])
+            .await
+            .map_err(db("could not send the wake-up notification; idle workers find the new work at their next poll"))?;
+        Ok(())
     }
 }
 

@@ -58,7 +58,10 @@ impl PgStore {
         })
     }
 
-    /// Opens a transaction with the lock timeout set and the setup lock held.
+    /// Opens a transaction holding the setup lock, with the lock timeout set. The setup lock is
+    /// waited for as long as it takes: it queues setups and upgrades of one schema behind each
+    /// other, and a long conversion must not fail the ones behind it. The lock timeout guards
+    /// the tables, whose locks others (workers, a DBA's session) hold.
     pub(in crate::store::postgres) async fn begin_locked<'c>(
         &self,
         client: &'c mut Client,
@@ -67,16 +70,26 @@ impl PgStore {
             .transaction()
             .await
             .map_err(db("could not begin a transaction"))?;
-        let timeout_ms = self.lock_timeout.as_millis().max(1);
-        tx.batch_execute(&format!(
-            "SET LOCAL lock_timeout = {timeout_ms}; {WHOLE_TABLE_SCANS}"
-        ))
-        .await
-        .map_err(db("could not set the lock timeout"))?;
+        tx.batch_execute(WHOLE_TABLE_SCANS)
+            .await
+            .map_err(db("could not allow sequential scans"))?;
         tx.execute(&self.sql.setup_lock.text, &[&setup_lock_key(&self.ns)])
             .await
             .map_err(db("could not take the setup lock"))?;
+        let timeout_ms = self.lock_timeout.as_millis().max(1);
+        tx.batch_execute(&format!("SET LOCAL lock_timeout = {timeout_ms}"))
+            .await
+            .map_err(db("could not set the lock timeout"))?;
         Ok(tx)
+    }
+
+    /// Whether this role may create objects in the schema (and so repair a store).
+    async fn may_create(&self, client: &impl GenericClient) -> Result<bool> {
+        Ok(client
+            .query_one(&self.sql.may_create.text, &[])
+            .await
+            .map_err(db("could not read this role's privileges"))?
+            .get(0))
     }
 
     async fn live_leases(&self, client: &impl GenericClient) -> Result<LiveLeases> {
@@ -101,6 +114,14 @@ impl PgStore {
         let mut conn = self.pool.get().await?;
         let tx = self.begin_locked(&mut conn.client).await?;
         let before = self.detect(&tx).await?;
+        // A runtime role (DML grants only) may check that the store is current, and must not
+        // be refused for lacking the privileges a repair would need.
+        if before == SchemaStatus::Current && !self.may_create(&tx).await? {
+            return Ok(SetupOutcome {
+                after: before.clone(),
+                before,
+            });
+        }
         let script = match &before {
             SchemaStatus::Newer { .. } => {
                 return Err(before
@@ -109,9 +130,9 @@ impl PgStore {
             }
             SchemaStatus::V01 => {
                 self.live_leases(&tx).await?.refuse_unless(force)?;
-                script(&self.ns, Script::ConvertFrom01)
+                script(&self.ns, &Script::ConvertFrom01)
             }
-            _ => script(&self.ns, Script::Install),
+            _ => script(&self.ns, &Script::Install),
         };
         tx.batch_execute(&script)
             .await

@@ -7,6 +7,7 @@ use crate::store::{Namespace, Script, SCHEMA_VERSION};
 pub(super) const PRELUDE: &str = include_str!("../../../../sql/postgres/00_prelude.sql");
 pub(super) const CONVERT_0_1: &str = include_str!("../../../../sql/postgres/10_convert_0_1.sql");
 pub(super) const INSTALL: &str = include_str!("../../../../sql/postgres/20_install.sql");
+const GRANTS: &str = include_str!("../../../../sql/postgres/grants.sql");
 
 fn header(ns: &Namespace, what: &str) -> String {
     format!(
@@ -24,10 +25,20 @@ fn header(ns: &Namespace, what: &str) -> String {
     )
 }
 
-/// A schema script: the install for an empty database, or the conversion of a 0.1 store
-/// followed by the install it ends with.
-pub(crate) fn script(ns: &Namespace, script: Script) -> String {
+/// A schema script: the install for an empty database, the conversion of a 0.1 store followed
+/// by the install it ends with, or a runtime role's grants.
+pub(crate) fn script(ns: &Namespace, script: &Script) -> String {
     match script {
+        Script::Grants { role } => format!(
+            "-- relaybus {} schema {SCHEMA_VERSION}: grants for a runtime role\n\
+             -- schema \"{}\", prefix \"{}\"; rendered by `relaybus schema-sql --grants`.\n\n{}",
+            env!("CARGO_PKG_VERSION"),
+            ns.schema(),
+            ns.prefix(),
+            // A role name is an identifier, quoted, so any name is taken as it is.
+            ns.render(GRANTS)
+                .replace("{{role}}", &format!("\"{}\"", role.replace('"', "\"\"")))
+        ),
         Script::Install => header(ns, "install") + &ns.render(PRELUDE) + "\n" + &ns.render(INSTALL),
         Script::ConvertFrom01 => {
             header(ns, "in-place conversion from 0.1")
