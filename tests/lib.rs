@@ -8,6 +8,7 @@ mod cli;
 mod common;
 mod conformance;
 mod dispatch;
+mod faults;
 mod hardening;
 mod publish;
 mod run;

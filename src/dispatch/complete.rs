@@ -1,24 +1,25 @@
 //! Completion batching: completions that finish within the window are deleted by one statement.
 //! Handlers hand their token over and wait for the verdict (deleted, or the lease was lost). The
 //! window closes early once no handler is running any more: nothing else can arrive, and waiting
-//! would only add latency.
+//! would only add latency. A statement that fails (the database is away) is retried until it is
+//! recorded: meanwhile its deliveries stay in flight, so nothing runs them again; only a stopping
+//! worker gives up.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 
+use super::Reporter;
 use crate::backoff::Backoff;
 use crate::store::{LeaseToken, Store};
 
 /// The most completions one statement carries.
 const MAX_BATCH: usize = 1000;
-/// A failed completion statement is tried this many times before the deliveries are left to
-/// lease expiry (they then run again: at-least-once).
-const ATTEMPTS: u32 = 3;
-const RETRY: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+/// How a statement that could not be recorded is retried.
+pub(super) const RETRY: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
 
 type Reply = oneshot::Sender<Result<bool, String>>;
 
@@ -70,15 +71,23 @@ pub(super) struct Completer {
     tx: mpsc::UnboundedSender<(LeaseToken, Reply)>,
 }
 
+/// What the completer is told at start.
+pub(super) struct Settings {
+    pub(super) window: Duration,
+    pub(super) history: bool,
+    pub(super) reporter: Arc<Reporter>,
+    /// Set once the worker stops: from then on a statement that fails is given up.
+    pub(super) stopping: watch::Receiver<bool>,
+}
+
 impl Completer {
     pub(super) fn start<S: Store>(
         store: Arc<S>,
         running: Arc<Running>,
-        window: Duration,
-        history: bool,
+        settings: Settings,
     ) -> (Completer, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(run(store, running, rx, window, history));
+        let task = tokio::spawn(run(store, running, rx, settings));
         (Completer { tx }, task)
     }
 
@@ -92,16 +101,54 @@ impl Completer {
     }
 }
 
+/// Runs `op` until it succeeds: the database may be away for a while (a restart, a failover),
+/// and what `op` records is lost if it gives up. The first failure is logged. Once the worker
+/// is `stopping`, a failure is final.
+pub(super) async fn until_recorded<T, F, Fut>(
+    what: &str,
+    reporter: &Reporter,
+    stopping: &mut watch::Receiver<bool>,
+    mut op: F,
+) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = crate::store::Result<T>>,
+{
+    let mut retries = RETRY.retries();
+    loop {
+        match op().await {
+            Ok(done) => return Ok(done),
+            Err(e) if *stopping.borrow() => return Err(format!("{e:#}")),
+            Err(e) => {
+                let retry_in = retries.next_delay();
+                if retries.count() == 1 {
+                    reporter.log(
+                        "warn",
+                        &format!("could not record {what}; retrying until the database answers"),
+                        &[
+                            ("error", &format!("{e:#}")),
+                            ("retry_in", &humantime::format_duration(retry_in)),
+                        ],
+                    );
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(retry_in) => {}
+                    _ = stopping.wait_for(|s| *s) => {}
+                }
+            }
+        }
+    }
+}
+
 async fn run<S: Store>(
     store: Arc<S>,
     running: Arc<Running>,
     mut rx: mpsc::UnboundedReceiver<(LeaseToken, Reply)>,
-    window: Duration,
-    history: bool,
+    mut settings: Settings,
 ) {
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
-        let deadline = tokio::time::Instant::now() + window;
+        let deadline = tokio::time::Instant::now() + settings.window;
         loop {
             while let Ok(next) = rx.try_recv() {
                 batch.push(next);
@@ -119,14 +166,12 @@ async fn run<S: Store>(
             }
         }
         let tokens: Vec<LeaseToken> = batch.iter().map(|(t, _)| t.clone()).collect();
-        let mut retries = RETRY.retries();
-        let verdict = loop {
-            match store.complete(&tokens, history).await {
-                Ok(ids) => break Ok(ids.into_iter().collect::<HashSet<String>>()),
-                Err(e) if retries.count() + 1 >= ATTEMPTS => break Err(format!("{e:#}")),
-                Err(_) => tokio::time::sleep(retries.next_delay()).await,
-            }
-        };
+        let what = format!("{} completions", tokens.len());
+        let verdict = until_recorded(&what, &settings.reporter, &mut settings.stopping, || {
+            store.complete(&tokens, settings.history)
+        })
+        .await
+        .map(|ids| ids.into_iter().collect::<HashSet<String>>());
         for (token, reply) in batch {
             let _ = reply.send(match &verdict {
                 Ok(deleted) => Ok(deleted.contains(&token.delivery_id)),

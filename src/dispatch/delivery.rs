@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::{watch, OwnedSemaphorePermit};
 
-use super::complete::RunningGuard;
+use super::complete::{until_recorded, RunningGuard};
 use super::Context;
 use crate::handler::Outcome;
 use crate::store::{ClaimedDelivery, FailOutcome, Failure, LeaseToken, Store};
@@ -41,11 +41,7 @@ pub(super) async fn run<S: Store>(
                     ctx.reporter.counters.handled.fetch_add(1, Relaxed);
                 }
                 Ok(false) => lease_lost(ctx, &delivery),
-                Err(e) => ctx.reporter.log(
-                    "error",
-                    "could not record the completion; the delivery runs again after its lease expires",
-                    &[("delivery", &delivery.token.delivery_id), ("error", &e)],
-                ),
+                Err(e) => stopped_unrecorded(ctx, &delivery, "completion", &e),
             }
             return None;
         }
@@ -66,7 +62,10 @@ pub(super) async fn run<S: Store>(
         }
     };
     drop(running);
-    let recorded = ctx.store.fail(&delivery.token, &failure, &error).await;
+    let recorded = until_recorded("a failed attempt", &ctx.reporter, &mut cancel, || {
+        ctx.store.fail(&delivery.token, &failure, &error)
+    })
+    .await;
     let counters = &ctx.reporter.counters;
     let fields: [(&str, &dyn std::fmt::Display); 5] = [
         ("delivery", &delivery.token.delivery_id),
@@ -94,16 +93,24 @@ pub(super) async fn run<S: Store>(
                 .log("warn", "attempt failed; rescheduled", &with_retry);
         }
         Ok(FailOutcome::LeaseLost) => lease_lost(ctx, &delivery),
-        Err(e) => ctx.reporter.log(
-            "error",
-            "could not record the failed attempt; the delivery runs again after its lease expires",
-            &[
-                ("delivery", &delivery.token.delivery_id),
-                ("error", &format!("{e:#}")),
-            ],
-        ),
+        Err(e) => stopped_unrecorded(ctx, &delivery, "failed attempt", &e),
     }
     None
+}
+
+/// The worker stopped before the database took an outcome: the lane is not handed back either,
+/// so the delivery runs again once its lease expires and another worker takes the lane over,
+/// which charges the attempt.
+fn stopped_unrecorded<S>(ctx: &Context<S>, d: &ClaimedDelivery, what: &str, error: &str) {
+    ctx.reporter.log(
+        "error",
+        &format!(
+            "stopped before the {what} was recorded; the delivery runs again after its lease \
+             expires, as attempt {}",
+            d.attempts + 2
+        ),
+        &[("delivery", &d.token.delivery_id), ("error", &error)],
+    );
 }
 
 fn lease_lost<S>(ctx: &Context<S>, d: &ClaimedDelivery) {

@@ -131,11 +131,16 @@ impl<S: Store> Dispatcher<S> {
             outstanding: vec![],
         };
         let running = Arc::new(Running::default());
+        let cancel = watch::channel(false).0;
         let (completer, completer_task) = Completer::start(
             Arc::clone(&store),
             Arc::clone(&running),
-            options.completion_window,
-            options.completion_history,
+            complete::Settings {
+                window: options.completion_window,
+                history: options.completion_history,
+                reporter: Arc::clone(&reporter),
+                stopping: cancel.subscribe(),
+            },
         );
         let ctx = Arc::new(Context {
             store: Arc::clone(&store),
@@ -171,7 +176,7 @@ impl<S: Store> Dispatcher<S> {
             template,
             slots,
             tasks: JoinSet::new(),
-            cancel: watch::channel(false).0,
+            cancel,
             completer: completer_task,
             background,
             wake_relay,

@@ -1,5 +1,6 @@
 //! Shared test fixtures: a throwaway schema per test and helpers to run the binary.
 
+pub mod cluster;
 pub mod http;
 
 use std::io::Read;

@@ -3,8 +3,8 @@
 //! notify themselves; after a publish commits, the store sends at most one notification per
 //! `NOTIFY_INTERVAL`, in a transaction of its own, and a publish inside the interval schedules
 //! one trailing notification at its end. Listening: a connection of its own LISTENs on the
-//! namespace's channel and feeds a `WakeUps` stream; a lost connection is re-established with
-//! back-off. Polling stays the correctness path; a lost wake-up only costs latency.
+//! namespace's channel and feeds a `WakeUps` stream; a lost connection (or one whose server
+//! stops answering its periodic check) is re-established with back-off. Polling stays the correctness path; a lost wake-up only costs latency.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -118,6 +118,11 @@ impl Notifier {
 }
 
 const RECONNECT: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+/// How often the listener asks the server whether it still answers, and how long it waits: a
+/// frozen server or a half-open connection sends no error, only silence, and a worker that
+/// polls rarely would wait for its poll.
+const CHECK_EVERY: Duration = Duration::from_secs(10);
+const CHECK_WITHIN: Duration = Duration::from_secs(5);
 
 /// Subscribes to the namespace's channel.
 pub(crate) fn listen(opts: ConnectOptions, channel: String) -> WakeUps {
@@ -156,8 +161,25 @@ async fn listen_once(
     let signal = || {
         let _ = tx.try_send(WakeUp::Signal);
     };
+    let check = async {
+        loop {
+            tokio::time::sleep(CHECK_EVERY).await;
+            match tokio::time::timeout(CHECK_WITHIN, client.batch_execute("SELECT 1")).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return describe(&e),
+                Err(_) => {
+                    return format!(
+                        "the server did not answer a check within {}",
+                        humantime::format_duration(CHECK_WITHIN)
+                    )
+                }
+            }
+        }
+    };
+    tokio::pin!(check);
     loop {
         tokio::select! {
+            error = &mut check => return error,
             done = &mut listen, if !listening => match done {
                 Ok(()) => {
                     listening = true;

@@ -1,0 +1,185 @@
+//! A throwaway PostgreSQL cluster for tests that stop, restart or freeze a server: `initdb`
+//! into a temporary directory, `pg_ctl` on a free port, removed when dropped. The cluster on
+//! the default port is never touched.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+pub struct TestCluster {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    pub port: u16,
+}
+
+/// The server's binaries, from the system's PostgreSQL.
+fn bin_dir() -> PathBuf {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL's server binaries under /usr/lib/postgresql")
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|p| p.join("initdb").exists())
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .expect("an initdb under /usr/lib/postgresql/*/bin")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl TestCluster {
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = Self {
+            bin: bin_dir(),
+            port: free_port(),
+            dir,
+        };
+        // The server refuses to run as root.
+        if nix::unistd::geteuid().is_root() {
+            let status = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(cluster.dir.path())
+                .status()
+                .unwrap();
+            assert!(status.success());
+        }
+        cluster.tool(
+            "initdb",
+            &[
+                "-D",
+                cluster.data().to_str().unwrap(),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+            ],
+        );
+        cluster.ctl("start");
+        cluster
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Runs one of the server's tools, as `postgres` when the tests run as root.
+    fn tool(&self, name: &str, args: &[&str]) {
+        let program = self.bin.join(name);
+        let out = if nix::unistd::geteuid().is_root() {
+            Command::new("runuser")
+                .args(["-u", "postgres", "--"])
+                .arg(&program)
+                .args(args)
+                .output()
+        } else {
+            Command::new(&program).args(args).output()
+        }
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "{name} {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn ctl(&self, action: &str) {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            self.port,
+            self.dir.path().display()
+        );
+        let data = self.data();
+        let log = self.dir.path().join("log");
+        let mut args = vec![
+            "-D",
+            data.to_str().unwrap(),
+            "-l",
+            log.to_str().unwrap(),
+            "-w",
+            "-t",
+            "30",
+        ];
+        match action {
+            "start" => args.extend(["-o", &options, "start"]),
+            "stop" => args.extend(["-m", "fast", "stop"]),
+            _ => unreachable!("{action}"),
+        }
+        self.tool("pg_ctl", &args);
+    }
+
+    pub fn url(&self) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/postgres?sslmode=disable",
+            self.port
+        )
+    }
+
+    pub fn stop(&self) {
+        self.ctl("stop");
+    }
+
+    pub fn start_again(&self) {
+        self.ctl("start");
+    }
+
+    /// The pid of the server process serving the session for which `sql` (a query on
+    /// pg_stat_activity, run on this cluster) finds it.
+    pub fn backend(&self, filter: &str) -> i32 {
+        let client = connect(&self.url());
+        let sql = format!("SELECT pid FROM pg_stat_activity WHERE {filter}");
+        let mut pid = None;
+        super::wait_until(
+            &format!("a session with {filter}"),
+            Duration::from_secs(20),
+            || {
+                pid = super::runtime()
+                    .block_on(client.query(&sql, &[]))
+                    .ok()
+                    .and_then(|rows| rows.first().map(|r| r.get(0)));
+                pid.is_some()
+            },
+        );
+        pid.unwrap()
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        let data = self.data();
+        let _ = if nix::unistd::geteuid().is_root() {
+            Command::new("runuser")
+                .args(["-u", "postgres", "--"])
+                .arg(self.bin.join("pg_ctl"))
+                .args(["-D", data.to_str().unwrap(), "-m", "immediate", "stop"])
+                .output()
+        } else {
+            Command::new(self.bin.join("pg_ctl"))
+                .args(["-D", data.to_str().unwrap(), "-m", "immediate", "stop"])
+                .output()
+        };
+    }
+}
+
+/// A client of this cluster.
+pub fn connect(url: &str) -> tokio_postgres::Client {
+    super::runtime().block_on(async {
+        let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client
+    })
+}
