@@ -100,7 +100,8 @@ fn ndjson_is_published_in_atomic_batches_and_a_bad_line_is_named() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
         stderr(&out),
-        "error: invalid event on line 4: missing `type`; nothing of its batch was written (2 events of earlier batches were published)\n"
+        "error: invalid event on line 4: missing `type`; nothing of its batch was written; 2 events \
+         of earlier batches (lines 1-2) were published; to go on, publish the input from line 3\n"
     );
     assert_eq!(
         s.rows(&format!(
@@ -119,7 +120,9 @@ fn ndjson_is_published_in_atomic_batches_and_a_bad_line_is_named() {
         .unwrap();
     assert_eq!(
         stderr(&out),
-        "error: invalid event on line 1: payload is 12 bytes, over the limit of 10 (--max-payload-bytes); nothing of its batch was written (0 events of earlier batches were published)\n"
+        "error: invalid event on line 1: payload is 12 bytes, over the limit of 10 \
+         (--max-payload-bytes); nothing of its batch was written; nothing of the input was \
+         published\n"
     );
     let out = s
         .cmd()
@@ -252,4 +255,183 @@ fn eight_concurrent_publishers_get_gapless_per_key_sequences_in_their_own_order(
         }
         last.insert((p.to_string(), key), (i, j, sequence));
     }
+}
+
+/// A republish may add handlers; it must not say something else. A differing one was accepted
+/// silently, the first payload kept, and a handler it added got the old payload.
+#[test]
+fn a_republish_with_other_content_is_refused_naming_the_id() {
+    let s = TestSchema::installed("publish_conflict");
+    let publish = |args: &[&str]| {
+        s.cmd()
+            .args([
+                "publish",
+                "--type",
+                "order.paid",
+                "--id",
+                "ev-1",
+                "--key",
+                "k",
+            ])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let first = publish(&["--handler", "a", "--data", r#"{"total": 42}"#]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    // The same content adds a handler; the text output says when nothing was added.
+    let again = publish(&["--handler", "b", "--data", r#"{"total":42}"#]);
+    assert_eq!(
+        (stdout(&again), stderr(&again)),
+        ("ev-1\n".into(), String::new())
+    );
+    let nothing = publish(&["--handler", "b", "--data", r#"{"total": 42}"#]);
+    assert_eq!(
+        stderr(&nothing),
+        "nothing new: every event was published before with these handlers; no delivery was added\n"
+    );
+    for other in [
+        vec!["--handler", "c", "--data", r#"{"total": 43}"#],
+        vec![
+            "--handler",
+            "c",
+            "--data",
+            r#"{"total": 42}"#,
+            "--header",
+            "x=y",
+        ],
+    ] {
+        let out = publish(&other);
+        assert_eq!(out.status.code(), Some(1));
+        assert_eq!(
+            stderr(&out),
+            "error: event `ev-1` was published before with another type, key, payload or headers \
+             (publish it again only with the same content, to add handlers; or use a new id); \
+             nothing of its batch was written\n"
+        );
+    }
+    let ndjson = [
+        r#"{"id": "ev-2", "type": "t", "handlers": ["a"]}"#,
+        r#"{"id": "ev-1", "type": "order.paid", "key": "k", "payload": {"total": 44}, "handlers": ["c"]}"#,
+    ]
+    .join("\n");
+    let out = s.cmd().arg("publish").write_stdin(ndjson).output().unwrap();
+    assert!(stderr(&out).starts_with(
+        "error: could not publish the events of lines 1-2: event `ev-1` was published before"
+    ));
+    assert!(
+        stderr(&out).ends_with("nothing of the input was published\n"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT event_id, handler FROM {} ORDER BY 1, 2",
+            s.table("deliveries")
+        )),
+        ["ev-1|a", "ev-1|b"]
+    );
+}
+
+/// One event twice in an input: with the same content it stands once (its handlers united),
+/// counted once; with other content the batch is refused.
+#[test]
+fn the_same_id_twice_in_an_input_is_one_event_or_a_conflict() {
+    let s = TestSchema::installed("publish_twice");
+    let twice = [
+        r#"{"id": "e1", "type": "t", "handlers": ["a"]}"#,
+        r#"{"id": "e1", "type": "t", "handlers": ["b"]}"#,
+    ]
+    .join("\n");
+    let out = s
+        .cmd()
+        .args(["--json", "publish"])
+        .write_stdin(twice)
+        .output()
+        .unwrap();
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (summary["events"].as_i64(), summary["deliveries"].as_i64()),
+        (Some(1), Some(2))
+    );
+    let differing = [
+        r#"{"id": "e2", "type": "t", "handlers": ["a"]}"#,
+        r#"{"id": "e2", "type": "u", "handlers": ["a"]}"#,
+    ]
+    .join("\n");
+    let out = s
+        .cmd()
+        .arg("publish")
+        .write_stdin(differing)
+        .output()
+        .unwrap();
+    assert_eq!(
+        stderr(&out),
+        "error: could not publish the events of lines 1-2: event `e2` appears twice in the batch \
+         with different content; nothing of its batch was written; nothing of the input was \
+         published\n"
+    );
+}
+
+/// What the database would refuse is named with its line before anything is sent, and every
+/// failure says what earlier batches committed and where to go on.
+#[test]
+fn a_failing_line_is_named_with_what_was_committed_before_it() {
+    let s = TestSchema::installed("publish_lines");
+    let input: Vec<u8> = [
+        r#"{"id": "e1", "type": "t", "handlers": ["h"]}"#,
+        r#"{"id": "e2", "type": "t", "handlers": ["h"]}"#,
+        r#"{"id": "e3", "type": "t", "handlers": ["h"], "payload": {"text": "a\u0000b"}}"#,
+    ]
+    .join("\n")
+    .into_bytes();
+    let out = s
+        .cmd()
+        .args(["publish", "--batch-size", "2"])
+        .write_stdin(input)
+        .output()
+        .unwrap();
+    assert_eq!(
+        stderr(&out),
+        "error: invalid event on line 3: `payload` holds a NUL character (\\u0000), which \
+         PostgreSQL cannot store; nothing of its batch was written; 2 events of earlier batches \
+         (lines 1-2) were published; to go on, publish the input from line 3\n"
+    );
+    let mut input: Vec<u8> = [
+        r#"{"id": "e4", "type": "t", "handlers": ["h"]}"#,
+        r#"{"id": "e5", "type": "t", "handlers": ["h"]}"#,
+    ]
+    .join("\n")
+    .into_bytes();
+    input.extend(b"\n\xff\xfe not text\n");
+    let out = s
+        .cmd()
+        .args(["publish", "--batch-size", "2"])
+        .write_stdin(input)
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&out).starts_with("error: invalid event on line 3: the line is not valid UTF-8;"),
+        "{}",
+        stderr(&out)
+    );
+    let long_key = format!(
+        r#"{{"type": "t", "key": "{}", "handlers": ["h"]}}"#,
+        "k".repeat(2000)
+    );
+    let out = s
+        .cmd()
+        .arg("publish")
+        .write_stdin(long_key)
+        .output()
+        .unwrap();
+    assert_eq!(
+        stderr(&out),
+        "error: invalid event on line 1: `key` is 2000 bytes, over the limit of 1024; nothing of \
+         its batch was written; nothing of the input was published\n"
+    );
+    assert_eq!(
+        s.count(&format!("SELECT count(*) FROM {}", s.table("events"))),
+        4
+    );
 }

@@ -1,5 +1,6 @@
 //! `relaybus publish`: one event from flags, or NDJSON on stdin in atomic batches.
 
+use std::collections::HashSet;
 use std::io::{BufRead, IsTerminal};
 use std::process::ExitCode;
 
@@ -16,8 +17,10 @@ use crate::store::{EventLimits, NewEvent, Store, StoreError, StoreOptions};
 /// line from stdin, `{"id", "type", "key", "payload", "headers", "handlers"}` (`id` generated
 /// when absent, `handlers` defaulting to --handler), and publishes them in atomic batches.
 /// A bad line stops the command naming the line; nothing of its batch is written, earlier
-/// batches stay published. Publishing an event id again adds deliveries only for handlers it
-/// never had. Prints the event ids, or a summary with --json.
+/// batches stay published, and the message says from which line to go on. Publishing an event
+/// id again adds deliveries only for handlers it never had, and only with the same type, key,
+/// payload and headers: another content is refused. Prints the event ids, or a summary with
+/// --json.
 ///
 ///   relaybus publish --type order.paid --key order-7 --handler billing --data '{"total": 42}'
 ///   cat events.ndjson | relaybus publish --handler billing
@@ -99,25 +102,112 @@ fn from_flags(args: &PublishArgs, event_type: &str, limits: &EventLimits) -> Res
     })
 }
 
+/// What was published so far.
+#[derive(Default)]
 struct Tally {
+    /// Every event id, once, in input order.
     ids: Vec<String>,
-    events: usize,
+    seen: HashSet<String>,
     deliveries: usize,
+    /// The last input line whose batch was committed.
+    committed_through: usize,
 }
 
-async fn publish_batch(
+impl Tally {
+    fn published(&mut self, batch: &[NewEvent], deliveries: usize) {
+        for e in batch {
+            if self.seen.insert(e.id.clone()) {
+                self.ids.push(e.id.clone());
+            }
+        }
+        self.deliveries += deliveries;
+    }
+
+    /// What a failure must add: how much of the input is already published, and where to go on.
+    fn committed(&self, first_line: usize) -> String {
+        match self.committed_through {
+            0 => "nothing of the input was published".into(),
+            through => format!(
+                "{} events of earlier batches (lines 1-{through}) were published; to go on, \
+                 publish the input from line {first_line}",
+                self.ids.len()
+            ),
+        }
+    }
+}
+
+/// NDJSON events, one per line, published in atomic batches. Every failure names its line (or
+/// the batch's lines) and what earlier batches committed.
+async fn publish_lines(
     store: &impl Store,
-    batch: &mut Vec<NewEvent>,
+    args: &PublishArgs,
+    limits: &EventLimits,
+    mut input: impl BufRead,
     tally: &mut Tally,
 ) -> Result<()> {
-    if batch.is_empty() {
-        return Ok(());
+    let mut batch: Vec<NewEvent> = Vec::with_capacity(args.batch_size.into());
+    let mut batch_start = 1;
+    let mut number = 0;
+    let mut raw = Vec::new();
+    loop {
+        raw.clear();
+        let ended = input
+            .read_until(b'\n', &mut raw)
+            .context("could not read stdin")?
+            == 0;
+        if !ended {
+            number += 1;
+        }
+        let event = if ended {
+            None
+        } else {
+            let parsed = std::str::from_utf8(&raw)
+                .map_err(|_| "the line is not valid UTF-8".to_owned())
+                .and_then(|line| match line.trim() {
+                    "" => Ok(None),
+                    text => serde_json::from_str::<Value>(text)
+                        .map_err(|e| format!("invalid JSON: {e}"))
+                        .and_then(|v| NewEvent::from_json(v, &args.handlers, limits))
+                        .map(Some),
+                });
+            match parsed {
+                Ok(event) => event,
+                Err(reason) => {
+                    let err = StoreError::InvalidEvent {
+                        position: format!("on line {number}"),
+                        reason,
+                    };
+                    // The batch this line would have joined goes too; it starts here if empty.
+                    let resume = if batch.is_empty() {
+                        number
+                    } else {
+                        batch_start
+                    };
+                    bail!("{err}; {}", tally.committed(resume));
+                }
+            }
+        };
+        if let Some(e) = event {
+            if batch.is_empty() {
+                batch_start = number;
+            }
+            batch.push(e);
+        }
+        if !batch.is_empty() && (ended || batch.len() == usize::from(args.batch_size)) {
+            let created = store.publish(&batch).await.map_err(|e| {
+                anyhow::anyhow!(
+                    "could not publish the events of lines {batch_start}-{number}: {e:#}; {}",
+                    tally.committed(batch_start)
+                )
+            })?;
+            tally.published(&batch, created.len());
+            tally.committed_through = number;
+            batch.clear();
+        }
+        if ended {
+            return Ok(());
+        }
     }
-    let created = store.publish(batch).await?;
-    tally.events += batch.len();
-    tally.deliveries += created.len();
-    tally.ids.extend(batch.drain(..).map(|e| e.id));
-    Ok(())
 }
 
 pub(super) async fn run(g: &GlobalArgs, out: &Output, args: PublishArgs) -> Result<ExitCode> {
@@ -125,16 +215,13 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: PublishArgs) -> Resu
         max_payload_bytes: args.max_payload_bytes,
     };
     let store = g.open(StoreOptions::publisher())?;
-    let mut tally = Tally {
-        ids: vec![],
-        events: 0,
-        deliveries: 0,
-    };
+    let mut tally = Tally::default();
     match args.event_type.as_deref() {
         Some(event_type) => {
-            let mut batch = vec![from_flags(&args, event_type, &limits)?];
+            let event = from_flags(&args, event_type, &limits)?;
             store.require_current().await?;
-            publish_batch(&store, &mut batch, &mut tally).await?;
+            let created = store.publish(std::slice::from_ref(&event)).await?;
+            tally.published(&[event], created.len());
         }
         None => {
             if args.key.is_some()
@@ -151,33 +238,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: PublishArgs) -> Resu
                 );
             }
             store.require_current().await?;
-            let mut batch = Vec::with_capacity(args.batch_size.into());
-            for (n, line) in stdin.lock().lines().enumerate() {
-                let line = line.context("could not read stdin")?;
-                if line.trim().is_empty() {
-                    continue;
-                }
-                let event = serde_json::from_str::<Value>(&line)
-                    .map_err(|e| format!("invalid JSON: {e}"))
-                    .and_then(|v| NewEvent::from_json(v, &args.handlers, &limits));
-                match event {
-                    Ok(e) => batch.push(e),
-                    Err(reason) => {
-                        let err = StoreError::InvalidEvent {
-                            position: format!("on line {}", n + 1),
-                            reason,
-                        };
-                        return Err(anyhow::anyhow!(
-                            "{err} ({} events of earlier batches were published)",
-                            tally.events
-                        ));
-                    }
-                }
-                if batch.len() == usize::from(args.batch_size) {
-                    publish_batch(&store, &mut batch, &mut tally).await?;
-                }
-            }
-            publish_batch(&store, &mut batch, &mut tally).await?;
+            publish_lines(&store, &args, &limits, stdin.lock(), &mut tally).await?;
         }
     }
     if tally.deliveries > 0 {
@@ -188,13 +249,19 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: PublishArgs) -> Resu
     }
     if out.json {
         out.print_json(&json!({
-            "events": tally.events,
+            "events": tally.ids.len(),
             "deliveries": tally.deliveries,
             "ids": tally.ids,
         }))?;
     } else {
         for id in &tally.ids {
             out.line(id)?;
+        }
+        if tally.deliveries == 0 && !tally.ids.is_empty() {
+            eprintln!(
+                "nothing new: every event was published before with these handlers; no delivery \
+                 was added"
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -64,4 +64,7 @@ pub enum StoreError {
 
     #[error("invalid event {position}: {reason}; nothing of its batch was written")]
     InvalidEvent { position: String, reason: String },
+
+    #[error("event `{id}` {why}; nothing of its batch was written")]
+    ConflictingEvent { id: String, why: &'static str },
 }

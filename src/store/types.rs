@@ -3,6 +3,21 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use super::StoreError;
+
+/// The longest id, type, key or handler name: every index entry of a delivery must fit in a
+/// third of a page.
+pub const MAX_NAME_BYTES: usize = 1024;
+
+fn holds_nul(value: &Value) -> bool {
+    match value {
+        Value::String(s) => s.contains('\0'),
+        Value::Array(items) => items.iter().any(holds_nul),
+        Value::Object(map) => map.iter().any(|(k, v)| k.contains('\0') || holds_nul(v)),
+        _ => false,
+    }
+}
+
 /// An event to publish, validated.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NewEvent {
@@ -12,6 +27,53 @@ pub struct NewEvent {
     pub payload: Value,
     pub headers: Map<String, Value>,
     pub handlers: Vec<String>,
+}
+
+/// Why a republish was refused, for an event published before.
+pub const CONFLICT_WITH_STORED: &str = "was published before with another type, key, payload or \
+     headers (publish it again only with the same content, to add handlers; or use a new id)";
+
+impl NewEvent {
+    /// Whether two events with one id say the same: a republish may add handlers, nothing else.
+    pub fn same_content(&self, other: &NewEvent) -> bool {
+        (&self.event_type, &self.key, &self.payload, &self.headers)
+            == (
+                &other.event_type,
+                &other.key,
+                &other.payload,
+                &other.headers,
+            )
+    }
+
+    /// A batch with each event once: an event named twice with the same content stands once with
+    /// the handlers of both, as a republish would add them; with other content it is refused.
+    pub fn unite(events: &[NewEvent]) -> Result<Vec<NewEvent>, StoreError> {
+        let mut united: Vec<NewEvent> = Vec::with_capacity(events.len());
+        let mut index = std::collections::HashMap::with_capacity(events.len());
+        for e in events {
+            match index.get(&e.id) {
+                Some(&i) => {
+                    let first: &mut NewEvent = &mut united[i];
+                    if !first.same_content(e) {
+                        return Err(StoreError::ConflictingEvent {
+                            id: e.id.clone(),
+                            why: "appears twice in the batch with different content",
+                        });
+                    }
+                    for h in &e.handlers {
+                        if !first.handlers.contains(h) {
+                            first.handlers.push(h.clone());
+                        }
+                    }
+                }
+                None => {
+                    index.insert(e.id.clone(), united.len());
+                    united.push(e.clone());
+                }
+            }
+        }
+        Ok(united)
+    }
 }
 
 /// A delivery created by a publish (handlers the event already had create none).
@@ -94,6 +156,39 @@ impl NewEvent {
         }
         let mut seen = std::collections::HashSet::new();
         handlers.retain(|h| seen.insert(h.clone()));
+        // What the database would reject, named before anything is sent: a NUL character, which
+        // text and jsonb cannot hold, and a name too long for an index entry.
+        let names = [
+            ("id", Some(&id)),
+            ("type", Some(&event_type)),
+            ("key", key.as_ref()),
+        ];
+        let handler_names = handlers.iter().map(|h| ("handler", Some(h)));
+        for (field, value) in names.into_iter().chain(handler_names) {
+            let Some(value) = value else { continue };
+            if value.len() > MAX_NAME_BYTES {
+                return Err(format!(
+                    "`{field}` is {} bytes, over the limit of {MAX_NAME_BYTES}",
+                    value.len()
+                ));
+            }
+            if value.contains('\0') {
+                return Err(format!(
+                    "`{field}` holds a NUL character, which PostgreSQL cannot store"
+                ));
+            }
+        }
+        let headers_value = Value::Object(headers);
+        for (field, value) in [("payload", &payload), ("headers", &headers_value)] {
+            if holds_nul(value) {
+                return Err(format!(
+                    "`{field}` holds a NUL character (\\u0000), which PostgreSQL cannot store"
+                ));
+            }
+        }
+        let Value::Object(headers) = headers_value else {
+            unreachable!("made from an object just above")
+        };
         let size = serde_json::to_vec(&payload).map(|v| v.len()).unwrap_or(0);
         if size > limits.max_payload_bytes {
             return Err(format!(

@@ -6,38 +6,14 @@
 use super::conn::db;
 use super::PgStore;
 use crate::store::lane::lane_of;
-use crate::store::{NewEvent, PublishedDelivery, Result};
-
-/// Merges events that appear twice in one batch (their handlers are united; the first
-/// occurrence's fields win), since one statement cannot upsert a row twice.
-fn merge_duplicates(events: &[NewEvent]) -> Vec<NewEvent> {
-    let mut merged: Vec<NewEvent> = Vec::with_capacity(events.len());
-    let mut index = std::collections::HashMap::with_capacity(events.len());
-    for e in events {
-        match index.get(&e.id) {
-            Some(&i) => {
-                let target: &mut NewEvent = &mut merged[i];
-                for h in &e.handlers {
-                    if !target.handlers.contains(h) {
-                        target.handlers.push(h.clone());
-                    }
-                }
-            }
-            None => {
-                index.insert(e.id.clone(), merged.len());
-                merged.push(e.clone());
-            }
-        }
-    }
-    merged
-}
+use crate::store::{NewEvent, PublishedDelivery, Result, StoreError, CONFLICT_WITH_STORED};
 
 impl PgStore {
     pub(super) async fn publish_impl(&self, events: &[NewEvent]) -> Result<Vec<PublishedDelivery>> {
         if events.is_empty() {
             return Ok(vec![]);
         }
-        let events = merge_duplicates(events);
+        let events = NewEvent::unite(events)?;
         let n = events.len();
         let (mut ids, mut types, mut keys, mut payloads, mut headers) = (
             Vec::with_capacity(n),
@@ -80,6 +56,12 @@ impl PgStore {
             )
             .await
             .map_err(db("could not publish the batch; nothing of it was written"))?;
+        if let Some(id) = rows.iter().find_map(|r| r.get::<_, Option<String>>(3)) {
+            return Err(StoreError::ConflictingEvent {
+                id,
+                why: CONFLICT_WITH_STORED,
+            });
+        }
         let published: Vec<PublishedDelivery> = rows
             .iter()
             .map(|r| PublishedDelivery {
@@ -93,32 +75,5 @@ impl PgStore {
             self.notifier.published();
         }
         Ok(published)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn event(id: &str, handlers: &[&str]) -> NewEvent {
-        NewEvent {
-            id: id.into(),
-            event_type: "t".into(),
-            key: None,
-            payload: json!({}),
-            headers: Default::default(),
-            handlers: handlers.iter().map(|h| h.to_string()).collect(),
-        }
-    }
-
-    #[test]
-    fn duplicates_in_a_batch_unite_their_handlers() {
-        let merged = merge_duplicates(&[
-            event("a", &["x"]),
-            event("b", &["y"]),
-            event("a", &["z", "x"]),
-        ]);
-        assert_eq!(merged, vec![event("a", &["x", "z"]), event("b", &["y"])]);
     }
 }
