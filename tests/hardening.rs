@@ -752,3 +752,54 @@ fn numbers_in_payloads_keep_every_digit() {
         );
     }
 }
+
+/// `CREATE TABLE IF NOT EXISTS` does not look at the table it finds: setup took an
+/// application's `events` for its own, and purge then deleted the application's rows. Objects
+/// of relaybus's names must have relaybus's shape; an empty prefix and PostgreSQL's own schemas
+/// are refused.
+#[test]
+fn setup_refuses_to_adopt_an_application_s_table() {
+    let s = TestSchema::new("foreign_table");
+    s.exec(&format!(
+        "CREATE SCHEMA \"{0}\"; CREATE TABLE \"{0}\".app_events (id text PRIMARY KEY, title text); \
+         INSERT INTO \"{0}\".app_events VALUES ('a', 'keep me')",
+        s.name
+    ));
+    let out = s
+        .cmd()
+        .args(["--prefix", "app_", "setup"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "error: objects of relaybus's names that are not relaybus's are in the way: \
+             `{}.app_events` (it has no column created_at, headers, key, payload, type); choose \
+             another --schema or --prefix, or move them; nothing was changed\n",
+            s.name
+        )
+    );
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+              WHERE n.nspname = '{}' AND c.relkind = 'r'",
+            s.name
+        )),
+        ["app_events"]
+    );
+    for (args, message) in [
+        (["--prefix", "", "setup"], "error: invalid prefix ``: it is empty; pass a name like `relaybus_`\n"),
+        (
+            ["--schema", "information_schema", "setup"],
+            "error: invalid schema `information_schema`: it is a schema of PostgreSQL's own; pass a name like `public`\n",
+        ),
+    ] {
+        let out = relaybus()
+            .env("RELAYBUS_DATABASE_URL", crate::common::database_url())
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!((out.status.code(), stderr(&out)), (Some(1), message.to_owned()));
+    }
+}

@@ -56,6 +56,9 @@ pub enum StoreError {
     #[error("the database is at schema {found}, newer than this relaybus ({supported}); {}", SchemaStatus::Newer { version: String::new() }.advice())]
     TooNew { found: String, supported: String },
 
+    #[error("objects of relaybus's names that are not relaybus's are in the way: {found}; choose another --schema or --prefix, or move them; nothing was changed")]
+    ForeignObjects { found: String },
+
     #[error("{count} deliveries are still leased by 0.1 workers (until {until}); stop every 0.1 worker first, or rerun with `--force` once they are stopped")]
     LiveLeases { count: i64, until: String },
 

@@ -17,8 +17,8 @@ pub struct Namespace {
 
 impl Namespace {
     pub fn new(schema: &str, prefix: &str) -> Result<Self, StoreError> {
-        check("schema", schema, false, MAX_IDENT)?;
-        check("prefix", prefix, true, MAX_IDENT - LONGEST_SUFFIX.len())?;
+        check("schema", schema, MAX_IDENT)?;
+        check("prefix", prefix, MAX_IDENT - LONGEST_SUFFIX.len())?;
         Ok(Self {
             schema: schema.to_owned(),
             prefix: prefix.to_owned(),
@@ -50,7 +50,7 @@ impl Namespace {
     }
 }
 
-fn check(what: &str, value: &str, may_be_empty: bool, max: usize) -> Result<(), StoreError> {
+fn check(what: &str, value: &str, max: usize) -> Result<(), StoreError> {
     let invalid = |why: &str| StoreError::InvalidIdentifier {
         what: what.to_owned(),
         value: value.to_owned(),
@@ -61,12 +61,10 @@ fn check(what: &str, value: &str, may_be_empty: bool, max: usize) -> Result<(), 
             "relaybus_"
         },
     };
+    // Without a prefix, relaybus's names are an application's (`events`), and setup would
+    // take an application table for its own.
     if value.is_empty() {
-        return if may_be_empty {
-            Ok(())
-        } else {
-            Err(invalid("it is empty"))
-        };
+        return Err(invalid("it is empty"));
     }
     if value.len() > max {
         return Err(invalid(&format!("it is longer than {max} bytes")));
@@ -82,10 +80,8 @@ fn check(what: &str, value: &str, may_be_empty: bool, max: usize) -> Result<(), 
     if value.as_bytes()[0].is_ascii_digit() {
         return Err(invalid("it must not start with a digit"));
     }
-    if what == "schema" && value.starts_with("pg_") {
-        return Err(invalid(
-            "names starting with `pg_` are reserved by PostgreSQL",
-        ));
+    if what == "schema" && (value.starts_with("pg_") || value == "information_schema") {
+        return Err(invalid("it is a schema of PostgreSQL's own"));
     }
     Ok(())
 }
@@ -97,13 +93,15 @@ mod tests {
     #[test]
     fn accepts_plain_names_and_refuses_the_rest() {
         assert!(Namespace::new("public", "relaybus_").is_ok());
-        assert!(Namespace::new("tenant_7", "").is_ok());
+        assert!(Namespace::new("tenant_7", "rb_").is_ok());
         for (schema, prefix) in [
             ("Public", "relaybus_"),
             ("public", "a\"b"),
             ("7up", "x_"),
             ("", "x_"),
             ("pg_temp", "x_"),
+            ("information_schema", "x_"),
+            ("app", ""),
             ("public", "a;drop table x;"),
         ] {
             assert!(Namespace::new(schema, prefix).is_err(), "{schema} {prefix}");

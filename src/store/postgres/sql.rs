@@ -101,6 +101,7 @@ statements! {
     version => "schema/version",
     setup_lock => "schema/setup_lock",
     may_create => "schema/may_create",
+    foreign_objects => "schema/foreign_objects",
     live_leases_0_1 => "schema/live_leases_0_1",
     counts_0_1 => "schema/counts_0_1",
     existing_objects => "schema/existing_objects",

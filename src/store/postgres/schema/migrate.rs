@@ -9,7 +9,7 @@ use super::super::PgStore;
 use super::locks::setup_lock_key;
 use super::render::{conversion_steps, names_after, script, CONVERT_0_1, INSTALL, PRELUDE};
 use crate::store::{
-    LiveLeases, Result, SchemaStatus, Script, SetupOutcome, UpgradeCounts, UpgradePlan,
+    LiveLeases, Result, SchemaStatus, Script, SetupOutcome, StoreError, UpgradeCounts, UpgradePlan,
     UpgradeStep, SCHEMA_VERSION,
 };
 
@@ -83,6 +83,30 @@ impl PgStore {
         Ok(tx)
     }
 
+    /// Refuses to install over objects of the relaybus names that are not relaybus's.
+    async fn refuse_foreign_objects(&self, client: &impl GenericClient) -> Result<()> {
+        let found: Vec<String> = client
+            .query(&self.sql.foreign_objects.text, &[])
+            .await
+            .map_err(db("could not look at the schema's objects"))?
+            .iter()
+            .map(|r| {
+                format!(
+                    "`{}.{}` ({})",
+                    self.ns.schema(),
+                    r.get::<_, String>(0),
+                    r.get::<_, String>(1)
+                )
+            })
+            .collect();
+        if found.is_empty() {
+            return Ok(());
+        }
+        Err(StoreError::ForeignObjects {
+            found: found.join(", "),
+        })
+    }
+
     /// Whether this role may create objects in the schema (and so repair a store).
     async fn may_create(&self, client: &impl GenericClient) -> Result<bool> {
         Ok(client
@@ -122,6 +146,7 @@ impl PgStore {
                 before,
             });
         }
+        self.refuse_foreign_objects(&tx).await?;
         let script = match &before {
             SchemaStatus::Newer { .. } => {
                 return Err(before
@@ -253,6 +278,7 @@ impl PgStore {
             });
         }
         self.live_leases(&tx).await?.refuse_unless(force)?;
+        self.refuse_foreign_objects(&tx).await?;
         let steps = conversion_steps(&self.ns);
         let total = steps.len();
         for (i, step) in steps.iter().enumerate() {
