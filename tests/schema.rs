@@ -275,22 +275,8 @@ fn assert_converted(s: &TestSchema) {
         )),
         0
     );
-    let reference = TestSchema::installed("converted_ref");
-    let indexes = |t: &TestSchema| {
-        t.rows(&format!(
-            "SELECT indexname, replace(indexdef, '{}.', '') FROM pg_indexes WHERE schemaname = '{}' ORDER BY 1",
-            t.name, t.name
-        ))
-    };
-    assert_eq!(indexes(s), indexes(&reference));
-    let options = |t: &TestSchema| {
-        t.rows(&format!(
-            "SELECT c.relname, coalesce(array_to_string(c.reloptions, ','), '-') FROM pg_class c \
-               JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = '{}' AND c.relkind = 'r' ORDER BY 1",
-            t.name
-        ))
-    };
-    assert_eq!(options(s), options(&reference));
+    // Columns, index definitions, constraints and storage parameters: a fresh install's.
+    assert_eq!(catalog(s), catalog(&TestSchema::installed("converted_ref")));
     assert_eq!(
         s.count(&format!("SELECT count(*) FROM {}", s.table("lanes"))),
         256
@@ -305,8 +291,7 @@ fn upgrade_converts_the_0_1_fixture_and_a_second_run_changes_nothing() {
     let text = stdout(&out);
     assert!(text.starts_with("found: schema 0.1\nrows: 6 events, 8 deliveries (2 pending, 2 processing -> pending, 2 completed kept, 2 dead)\nsteps:\n"), "{text}");
     assert!(text.contains("  2. events-handlers: fill events.handlers from every delivery, completed ones included, so nothing completed under 0.1 runs again [6 rows]\n"), "{text}");
-    assert!(text.contains("  5. indexes: drop the 0.1 indexes that 0.2 does not keep (the 0.2 ones follow); drops relaybus_deliveries_due_idx, relaybus_deliveries_due_unkeyed_idx, relaybus_deliveries_completed_idx, relaybus_deliveries_handler_created_idx, relaybus_deliveries_status_created_idx, relaybus_deliveries_key_sequence_idx, relaybus_deliveries_processing_idx, relaybus_deliveries_dead_purge_idx\n"), "{text}");
-    assert!(text.contains("  6. install: create the 0.2 indexes and tables, seed the 256 lanes, record the version; creates relaybus_deliveries_lane_due_idx, relaybus_deliveries_lane_key_idx, relaybus_deliveries_dead_idx, relaybus_completions_completed_idx, relaybus_lanes, relaybus_completions, relaybus_schema\n"), "{text}");
+    assert!(text.contains("  5. install: drop the indexes 0.2 does not keep, found by definition whatever their names; create the 0.2 indexes and tables, seed the 256 lanes, record the version; drops relaybus_deliveries_completed_idx, relaybus_deliveries_dead_purge_idx, relaybus_deliveries_due_idx, relaybus_deliveries_due_unkeyed_idx, relaybus_deliveries_handler_created_idx, relaybus_deliveries_key_sequence_idx, relaybus_deliveries_processing_idx, relaybus_deliveries_status_created_idx; creates relaybus_completions_completed_idx, relaybus_deliveries_dead_idx, relaybus_deliveries_lane_due_idx, relaybus_deliveries_lane_key_idx, relaybus_lanes, relaybus_completions, relaybus_schema\n"), "{text}");
     assert!(
         text.ends_with("from 0.1 to 0.2 in ") || text.contains("\" from 0.1 to 0.2 in "),
         "{text}"
@@ -320,6 +305,53 @@ fn upgrade_converts_the_0_1_fixture_and_a_second_run_changes_nothing() {
         .stdout("relaybus schema is already 0.2; nothing to upgrade\n");
     s.cmd().arg("setup").assert().success();
     assert_eq!(snapshot(&s), after_first);
+}
+
+/// The conversion finds 0.1 indexes by what they are, not by what they are called: renamed ones
+/// go, and a 0.1 dead-letter index under the 0.2 name is replaced by the 0.2 one.
+#[test]
+fn upgrade_recognises_renamed_0_1_indexes_by_definition() {
+    let s = TestSchema::with_fixture_0_1("renamed_0_1");
+    let n = &s.name;
+    s.exec(&format!(
+        "ALTER INDEX \"{n}\".relaybus_deliveries_key_sequence_idx RENAME TO keyed_pending;
+         ALTER INDEX \"{n}\".relaybus_deliveries_due_idx RENAME TO due;
+         ALTER INDEX \"{n}\".relaybus_deliveries_dead_purge_idx RENAME TO relaybus_deliveries_dead_idx;"
+    ));
+    let out = s.cmd().args(["upgrade", "--yes"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("record the version; drops due, keyed_pending, relaybus_deliveries_completed_idx, relaybus_deliveries_dead_idx, relaybus_deliveries_due_unkeyed_idx, relaybus_deliveries_handler_created_idx, relaybus_deliveries_processing_idx, relaybus_deliveries_status_created_idx; creates relaybus_completions_completed_idx, relaybus_deliveries_dead_idx, relaybus_deliveries_lane_due_idx, relaybus_deliveries_lane_key_idx, relaybus_lanes,"), "{text}");
+    assert_converted(&s);
+    s.cmd().args(["setup", "--check"]).assert().success();
+}
+
+/// A 0.2 store whose index was redefined by hand is not current: `setup --check` says so, and
+/// `setup` puts the 0.2 definition back.
+#[test]
+fn setup_check_sees_a_redefined_index_and_setup_repairs_it() {
+    let s = TestSchema::installed("redefined");
+    let n = &s.name;
+    s.exec(&format!(
+        "DROP INDEX \"{n}\".relaybus_deliveries_dead_idx;
+         CREATE INDEX relaybus_deliveries_dead_idx ON \"{n}\".relaybus_deliveries (updated_at)
+          WHERE status = 'dead';
+         ALTER INDEX \"{n}\".relaybus_deliveries_lane_key_idx RENAME TO lane_key;"
+    ));
+    let out = s.cmd().args(["setup", "--check"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        format!("relaybus schema is 0.2 (incomplete) in schema \"{n}\", prefix \"relaybus_\", expected 0.2; run `relaybus setup`\n")
+    );
+    s.cmd().arg("setup").assert().success().stdout(format!(
+        "relaybus schema 0.2 (incomplete) -> 0.2 (schema \"{n}\", prefix \"relaybus_\")\n"
+    ));
+    assert_eq!(
+        catalog(&s),
+        catalog(&TestSchema::installed("redefined_ref"))
+    );
+    s.cmd().args(["setup", "--check"]).assert().success();
 }
 
 #[test]
@@ -353,7 +385,7 @@ fn upgrade_dry_run_writes_nothing() {
     let plan: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(plan["applied"], false);
     assert_eq!(plan["plan"]["counts"]["processing"], 2);
-    assert_eq!(plan["plan"]["steps"].as_array().unwrap().len(), 6);
+    assert_eq!(plan["plan"]["steps"].as_array().unwrap().len(), 5);
     assert_eq!(snapshot(&s), before);
 }
 

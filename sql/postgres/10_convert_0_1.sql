@@ -50,12 +50,3 @@ ALTER TABLE "{{schema}}"."{{prefix}}deliveries"
   DROP COLUMN IF EXISTS lease_token,
   DROP COLUMN IF EXISTS lease_expires_at;
 
--- step indexes: drop the 0.1 indexes that 0.2 does not keep (the 0.2 ones follow)
-DROP INDEX IF EXISTS "{{schema}}"."{{prefix}}deliveries_due_idx";
-DROP INDEX IF EXISTS "{{schema}}"."{{prefix}}deliveries_due_unkeyed_idx";
-DROP INDEX IF EXISTS "{{schema}}"."{{prefix}}deliveries_completed_idx";
-DROP INDEX IF EXISTS "{{schema}}"."{{prefix}}deliveries_handler_created_idx";
-DROP INDEX IF EXISTS "{{schema}}"."{{prefix}}deliveries_status_created_idx";
-DROP INDEX IF EXISTS "{{schema}}"."{{prefix}}deliveries_key_sequence_idx";
-DROP INDEX IF EXISTS "{{schema}}"."{{prefix}}deliveries_processing_idx";
-DROP INDEX IF EXISTS "{{schema}}"."{{prefix}}deliveries_dead_purge_idx";

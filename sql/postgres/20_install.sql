@@ -2,6 +2,22 @@
 -- Creates what is missing and leaves what exists alone, so applying it to a current store, or
 -- after the 0.1 -> 0.2 conversion, changes nothing.
 
+-- `CREATE INDEX IF NOT EXISTS` looks at names, not definitions: an index of a 0.2 name with
+-- another definition, and a 0.1 index under any name, are dropped first, so that what follows
+-- leaves exactly the 0.2 indexes.
+DO $drift$
+DECLARE
+  found_index record;
+BEGIN
+  FOR found_index IN {{index_drift}}
+  LOOP
+    IF found_index.action = 'drop' THEN
+      EXECUTE format('DROP INDEX %I.%I', '{{schema}}', found_index.name);
+    END IF;
+  END LOOP;
+END
+$drift$;
+
 -- Events outlive their deliveries: `handlers` remembers every handler an event ever had a
 -- delivery for, so a republish never runs a completed handler again.
 CREATE TABLE IF NOT EXISTS "{{schema}}"."{{prefix}}events" (

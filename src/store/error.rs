@@ -47,7 +47,7 @@ pub enum StoreError {
     #[error("relaybus is not installed in schema \"{schema}\" with prefix \"{prefix}\"; {}", SchemaStatus::NotInstalled.advice())]
     NotInstalled { schema: String, prefix: String },
 
-    #[error("the relaybus schema in schema \"{schema}\" with prefix \"{prefix}\" is incomplete (no version row); {}", SchemaStatus::Incomplete.advice())]
+    #[error("the relaybus schema in schema \"{schema}\" with prefix \"{prefix}\" is incomplete (no version row, or indexes that differ from 0.2's); {}", SchemaStatus::Incomplete.advice())]
     Incomplete { schema: String, prefix: String },
 
     #[error("the database is at schema 0.1; {}", SchemaStatus::V01.advice())]

@@ -15,7 +15,8 @@ pub enum SchemaStatus {
     NotInstalled,
     /// A 0.1 store (deliveries still carry `lease_token`).
     V01,
-    /// Tables exist but the version row is missing: an interrupted or hand-applied install.
+    /// Tables exist but the version row is missing (an interrupted or hand-applied install), or
+    /// the indexes differ from 0.2's (renamed, redefined or dropped by hand).
     Incomplete,
     Current,
     Newer {

@@ -102,6 +102,7 @@ statements! {
     setup_lock => "schema/setup_lock",
     may_create => "schema/may_create",
     foreign_objects => "schema/foreign_objects",
+    index_drift => "schema/index_drift",
     live_leases_0_1 => "schema/live_leases_0_1",
     counts_0_1 => "schema/counts_0_1",
     existing_objects => "schema/existing_objects",

@@ -7,7 +7,7 @@ use tokio_postgres::{Client, GenericClient, Transaction};
 use super::super::conn::db;
 use super::super::PgStore;
 use super::locks::setup_lock_key;
-use super::render::{conversion_steps, names_after, script, CONVERT_0_1, INSTALL, PRELUDE};
+use super::render::{conversion_steps, names_after, render, script, INSTALL, PRELUDE};
 use crate::store::{
     LiveLeases, Result, SchemaStatus, Script, SetupOutcome, StoreError, UpgradeCounts, UpgradePlan,
     UpgradeStep, SCHEMA_VERSION,
@@ -51,6 +51,9 @@ impl PgStore {
             None
         };
         Ok(match version.as_deref() {
+            Some(SCHEMA_VERSION) if self.index_drift(client).await? != (vec![], vec![]) => {
+                SchemaStatus::Incomplete
+            }
             Some(SCHEMA_VERSION) => SchemaStatus::Current,
             Some(v) => SchemaStatus::Newer { version: v.into() },
             None if has_deliveries || has_version => SchemaStatus::Incomplete,
@@ -105,6 +108,25 @@ impl PgStore {
         Err(StoreError::ForeignObjects {
             found: found.join(", "),
         })
+    }
+
+    /// How the indexes differ from 0.2's, by definition: the indexes to drop, and the 0.2 indexes
+    /// to create.
+    async fn index_drift(&self, client: &impl GenericClient) -> Result<(Vec<String>, Vec<String>)> {
+        let mut dropped = Vec::new();
+        let mut created = Vec::new();
+        for row in client
+            .query(&self.sql.index_drift.text, &[])
+            .await
+            .map_err(db("could not compare the indexes with 0.2's"))?
+        {
+            let name: String = row.get(0);
+            match row.get::<_, &str>(1) {
+                "drop" => dropped.push(name),
+                _ => created.push(name),
+            }
+        }
+        Ok((dropped, created))
     }
 
     /// Whether this role may create objects in the schema (and so repair a store).
@@ -211,19 +233,14 @@ impl PgStore {
             .map(|r| r.get(0))
             .collect();
         let absent = |script: &str, marker: &str| -> Vec<String> {
-            names_after(&self.ns.render(script), marker)
+            names_after(&render(&self.ns, script), marker)
                 .into_iter()
                 .filter(|n| !existing.contains(n))
                 .collect()
         };
-        let dropped: Vec<String> =
-            names_after(&self.ns.render(CONVERT_0_1), "DROP INDEX IF EXISTS ")
-                .into_iter()
-                .filter(|n| existing.contains(n))
-                .collect();
+        let (dropped, indexes) = self.index_drift(&tx).await?;
         let created: Vec<String> = [
-            absent(INSTALL, "CREATE UNIQUE INDEX IF NOT EXISTS "),
-            absent(INSTALL, "CREATE INDEX IF NOT EXISTS "),
+            indexes,
             absent(INSTALL, "CREATE TABLE IF NOT EXISTS "),
             absent(PRELUDE, "CREATE TABLE IF NOT EXISTS "),
         ]
@@ -237,8 +254,11 @@ impl PgStore {
                     _ => None,
                 },
                 description: match s.name.as_str() {
-                    "indexes" => naming(&s.description, "drops", &dropped),
-                    "install" => naming(&s.description, "creates", &created),
+                    "install" => naming(
+                        &naming(&s.description, "drops", &dropped),
+                        "creates",
+                        &created,
+                    ),
                     _ => s.description,
                 },
                 name: s.name,
