@@ -225,7 +225,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<E
     let names: Vec<String> = handlers.iter().map(|h| h.name.clone()).collect();
     let summary = Dispatcher::new(Arc::clone(&store), options, handlers, reporter)
         .run(rx.clone())
-        .await;
+        .await?;
     // A drain ends when nothing is due; retries due later are left, and said so.
     let scheduled = if args.drain {
         let stats = store.stats().await?;

@@ -22,7 +22,9 @@ use tokio::time::Instant;
 
 use crate::backoff::{Backoff, Retries};
 use crate::handler::Handler;
-use crate::store::{ClaimRequest, ClaimStats, ClaimedDelivery, LeaseToken, Store, WakeUp};
+use crate::store::{
+    ClaimRequest, ClaimStats, ClaimedDelivery, LeaseToken, Result, Store, StoreError, WakeUp,
+};
 use complete::{Completer, Running};
 pub use options::{worker_name, DispatchOptions, RetryPolicy};
 pub use report::{LogFormat, Reporter, Summary};
@@ -112,6 +114,8 @@ pub struct Dispatcher<S: Store> {
     linger_until: Option<Instant>,
     claim_retries: Retries,
     found_work_at: Option<Instant>,
+    /// The error that stopped claiming, when no retry could cure it.
+    fatal: Option<StoreError>,
 }
 
 impl<S: Store> Dispatcher<S> {
@@ -185,12 +189,14 @@ impl<S: Store> Dispatcher<S> {
             linger_until: None,
             claim_retries: CLAIM_RETRY.retries(),
             found_work_at: None,
+            fatal: None,
             options,
         }
     }
 
-    /// Claims and runs deliveries until `shutdown` says stop, then stops as it says.
-    pub async fn run(mut self, mut shutdown: watch::Receiver<Shutdown>) -> Summary {
+    /// Claims and runs deliveries until `shutdown` says stop, then stops as it says. A claim
+    /// error no retry can cure stops it the same way, and is returned once it has stopped.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<Shutdown>) -> Result<Summary> {
         self.reporter.log(
             "info",
             "worker started",
@@ -201,7 +207,7 @@ impl<S: Store> Dispatcher<S> {
                 ("batch_size", &self.options.batch_size),
             ],
         );
-        while *shutdown.borrow() == Shutdown::Running {
+        while *shutdown.borrow() == Shutdown::Running && self.fatal.is_none() {
             while self.tasks.try_join_next().is_some() {}
             let Some(want) = self.ready(&mut shutdown).await else {
                 continue;
@@ -220,7 +226,12 @@ impl<S: Store> Dispatcher<S> {
             }
             self.idle(&mut shutdown).await;
         }
-        self.stop(shutdown).await
+        let fatal = self.fatal.take();
+        let summary = self.stop(shutdown).await;
+        match fatal {
+            Some(e) => Err(e),
+            None => Ok(summary),
+        }
     }
 
     /// The largest claim worth making: a full batch, or all the slots when they are fewer.
@@ -282,6 +293,15 @@ impl<S: Store> Dispatcher<S> {
             Ok(claimed) => {
                 self.claim_retries.reset();
                 Some(claimed)
+            }
+            Err(e) if e.stops_worker() => {
+                self.reporter.log(
+                    "error",
+                    "claims cannot succeed; stopping",
+                    &[("error", &format!("{e:#}"))],
+                );
+                self.fatal = Some(e);
+                None
             }
             Err(e) => {
                 let retry_in = self.claim_retries.next_delay();

@@ -59,6 +59,9 @@ pub enum StoreError {
     #[error("objects of relaybus's names that are not relaybus's are in the way: {found}; choose another --schema or --prefix, or move them; nothing was changed")]
     ForeignObjects { found: String },
 
+    #[error("{context}: {detail}; the connection goes through a transaction pooler (PgBouncer in transaction mode, for one) that shares prepared statements between its clients: run with --no-prepared-statements, or use PgBouncer 1.21 or later with max_prepared_statements set")]
+    PooledStatements { context: String, detail: String },
+
     #[error("{count} deliveries are still leased by 0.1 workers (until {until}); stop every 0.1 worker first, or rerun with `--force` once they are stopped")]
     LiveLeases { count: i64, until: String },
 
@@ -70,4 +73,11 @@ pub enum StoreError {
 
     #[error("event `{id}` {why}; nothing of its batch was written")]
     ConflictingEvent { id: String, why: &'static str },
+}
+
+impl StoreError {
+    /// An error no retry can cure, after which a worker stops instead of retrying.
+    pub fn stops_worker(&self) -> bool {
+        matches!(self, StoreError::PooledStatements { .. })
+    }
 }

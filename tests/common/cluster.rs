@@ -25,7 +25,31 @@ fn bin_dir() -> PathBuf {
         .expect("an initdb under /usr/lib/postgresql/*/bin")
 }
 
-fn free_port() -> u16 {
+/// A server program, run as `postgres` when the tests run as root: PostgreSQL and PgBouncer
+/// refuse to run as root.
+pub fn as_postgres(program: &Path) -> Command {
+    if nix::unistd::geteuid().is_root() {
+        let mut cmd = Command::new("runuser");
+        cmd.args(["-u", "postgres", "--"]).arg(program);
+        cmd
+    } else {
+        Command::new(program)
+    }
+}
+
+/// Makes a directory the server programs write into theirs, when the tests run as root.
+pub fn give_to_postgres(dir: &Path) {
+    if nix::unistd::geteuid().is_root() {
+        let status = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(dir)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -41,15 +65,7 @@ impl TestCluster {
             port: free_port(),
             dir,
         };
-        // The server refuses to run as root.
-        if nix::unistd::geteuid().is_root() {
-            let status = Command::new("chown")
-                .args(["-R", "postgres:postgres"])
-                .arg(cluster.dir.path())
-                .status()
-                .unwrap();
-            assert!(status.success());
-        }
+        give_to_postgres(cluster.dir.path());
         cluster.tool(
             "initdb",
             &[
@@ -70,19 +86,12 @@ impl TestCluster {
         self.dir.path().join("data")
     }
 
-    /// Runs one of the server's tools, as `postgres` when the tests run as root.
+    /// Runs one of the server's tools.
     fn tool(&self, name: &str, args: &[&str]) {
-        let program = self.bin.join(name);
-        let out = if nix::unistd::geteuid().is_root() {
-            Command::new("runuser")
-                .args(["-u", "postgres", "--"])
-                .arg(&program)
-                .args(args)
-                .output()
-        } else {
-            Command::new(&program).args(args).output()
-        }
-        .unwrap();
+        let out = as_postgres(&self.bin.join(name))
+            .args(args)
+            .output()
+            .unwrap();
         assert!(
             out.status.success(),
             "{name} {args:?}: {}{}",
@@ -159,17 +168,9 @@ impl TestCluster {
 impl Drop for TestCluster {
     fn drop(&mut self) {
         let data = self.data();
-        let _ = if nix::unistd::geteuid().is_root() {
-            Command::new("runuser")
-                .args(["-u", "postgres", "--"])
-                .arg(self.bin.join("pg_ctl"))
-                .args(["-D", data.to_str().unwrap(), "-m", "immediate", "stop"])
-                .output()
-        } else {
-            Command::new(self.bin.join("pg_ctl"))
-                .args(["-D", data.to_str().unwrap(), "-m", "immediate", "stop"])
-                .output()
-        };
+        let _ = as_postgres(&self.bin.join("pg_ctl"))
+            .args(["-D", data.to_str().unwrap(), "-m", "immediate", "stop"])
+            .output();
     }
 }
 

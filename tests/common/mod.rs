@@ -2,6 +2,7 @@
 
 pub mod cluster;
 pub mod http;
+pub mod pgbouncer;
 
 use std::io::Read;
 use std::process::{Child, Command as StdCommand, Output, Stdio};

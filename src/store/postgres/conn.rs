@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, Connection, Row, Socket, Statement};
@@ -135,11 +136,30 @@ pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
 /// Wraps a driver error with what was being done.
 pub(crate) fn db(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> StoreError {
     let context = context.into();
-    move |cause| StoreError::Database {
-        context,
-        detail: describe(&cause),
-        cause: Box::new(cause),
+    move |cause| {
+        let detail = describe(&cause);
+        if statement_shared(&cause) {
+            return StoreError::PooledStatements { context, detail };
+        }
+        StoreError::Database {
+            context,
+            detail,
+            cause: Box::new(cause),
+        }
     }
+}
+
+/// The errors of named statements that another client's session prepared or removed: what a
+/// transaction pooler gives when it runs one client's transactions on several server sessions.
+fn statement_shared(e: &tokio_postgres::Error) -> bool {
+    let Some(db) = e.as_db_error() else {
+        return false;
+    };
+    let code = db.code();
+    *code == SqlState::INVALID_SQL_STATEMENT_NAME
+        || *code == SqlState::DUPLICATE_PSTATEMENT
+        || (*code == SqlState::PROTOCOL_VIOLATION
+            && db.message().starts_with("bind message supplies"))
 }
 
 /// The driver error behind a store error, if any.

@@ -157,10 +157,12 @@ impl PgStore {
             .map_err(db("could not hand back the lanes"))
     }
 
+    /// Sent unnamed: a drain's last word must not rest on a statement name that a pooler may
+    /// have handed to another client's statement.
     pub(super) async fn due_exists_impl(&self, handlers: &[String]) -> Result<bool> {
-        let mut conn = self.pool.get().await?;
+        let conn = self.pool.get().await?;
         let rows = conn
-            .query(&self.sql.due_exists, &[&handlers])
+            .query_once(&self.sql.due_exists, &[&handlers])
             .await
             .map_err(db("could not look for due deliveries"))?;
         Ok(rows[0].get(0))

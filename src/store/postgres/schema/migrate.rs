@@ -33,7 +33,7 @@ impl PgStore {
         client: &impl GenericClient,
     ) -> Result<SchemaStatus> {
         let row = client
-            .query_one(&self.sql.detect.text, &[])
+            .query_typed_one(&self.sql.detect.text, &[])
             .await
             .map_err(db("could not read the installed schema"))?;
         let (has_deliveries, is_01, has_version): (bool, bool, bool) =
@@ -43,7 +43,7 @@ impl PgStore {
         }
         let version: Option<String> = if has_version {
             client
-                .query_opt(&self.sql.version.text, &[])
+                .query_typed_opt(&self.sql.version.text, &[])
                 .await
                 .map_err(db("could not read the schema version"))?
                 .map(|r| r.get(0))
@@ -76,9 +76,12 @@ impl PgStore {
         tx.batch_execute(WHOLE_TABLE_SCANS)
             .await
             .map_err(db("could not allow sequential scans"))?;
-        tx.execute(&self.sql.setup_lock.text, &[&setup_lock_key(&self.ns)])
-            .await
-            .map_err(db("could not take the setup lock"))?;
+        tx.execute_typed(
+            &self.sql.setup_lock.text,
+            &self.sql.setup_lock.typed(&[&setup_lock_key(&self.ns)]),
+        )
+        .await
+        .map_err(db("could not take the setup lock"))?;
         let timeout_ms = self.lock_timeout.as_millis().max(1);
         tx.batch_execute(&format!("SET LOCAL lock_timeout = {timeout_ms}"))
             .await
@@ -89,7 +92,7 @@ impl PgStore {
     /// Refuses to install over objects of the relaybus names that are not relaybus's.
     async fn refuse_foreign_objects(&self, client: &impl GenericClient) -> Result<()> {
         let found: Vec<String> = client
-            .query(&self.sql.foreign_objects.text, &[])
+            .query_typed(&self.sql.foreign_objects.text, &[])
             .await
             .map_err(db("could not look at the schema's objects"))?
             .iter()
@@ -116,7 +119,7 @@ impl PgStore {
         let mut dropped = Vec::new();
         let mut created = Vec::new();
         for row in client
-            .query(&self.sql.index_drift.text, &[])
+            .query_typed(&self.sql.index_drift.text, &[])
             .await
             .map_err(db("could not compare the indexes with 0.2's"))?
         {
@@ -132,7 +135,7 @@ impl PgStore {
     /// Whether this role may create objects in the schema (and so repair a store).
     async fn may_create(&self, client: &impl GenericClient) -> Result<bool> {
         Ok(client
-            .query_one(&self.sql.may_create.text, &[])
+            .query_typed_one(&self.sql.may_create.text, &[])
             .await
             .map_err(db("could not read this role's privileges"))?
             .get(0))
@@ -140,7 +143,7 @@ impl PgStore {
 
     async fn live_leases(&self, client: &impl GenericClient) -> Result<LiveLeases> {
         let row = client
-            .query_one(&self.sql.live_leases_0_1.text, &[])
+            .query_typed_one(&self.sql.live_leases_0_1.text, &[])
             .await
             .map_err(db("could not count live 0.1 leases"))?;
         Ok(LiveLeases {
@@ -213,7 +216,7 @@ impl PgStore {
             });
         }
         let row = tx
-            .query_one(&self.sql.counts_0_1.text, &[])
+            .query_typed_one(&self.sql.counts_0_1.text, &[])
             .await
             .map_err(db("could not count the rows to convert"))?;
         let counts = UpgradeCounts {
@@ -226,7 +229,7 @@ impl PgStore {
         };
         let live_leases = self.live_leases(&tx).await?;
         let existing: Vec<String> = tx
-            .query(&self.sql.existing_objects.text, &[])
+            .query_typed(&self.sql.existing_objects.text, &[])
             .await
             .map_err(db("could not list the existing tables and indexes"))?
             .iter()
