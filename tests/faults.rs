@@ -2,14 +2,15 @@
 //! lease, a database restart, a lost or stalled wake-up connection. Tests that stop or freeze a
 //! server use a throwaway cluster of their own.
 
-use std::process::{Child, Command as StdCommand, Stdio};
+use std::process::{Command as StdCommand, Stdio};
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
 use crate::common::cluster::{connect, TestCluster};
 use crate::common::{
-    finish, runtime, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, TestSchema,
+    finish, runtime, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, Spawned,
+    TestSchema,
 };
 
 fn event(id: &str) -> String {
@@ -42,7 +43,7 @@ fn run_ok(cmd: &mut StdCommand, input: &str) -> String {
     stdout(&out)
 }
 
-fn worker(cluster: &TestCluster, args: &[&str]) -> Child {
+fn worker(cluster: &TestCluster, args: &[&str]) -> Spawned {
     relaybus(cluster)
         .arg("run")
         .args(args)
@@ -50,6 +51,7 @@ fn worker(cluster: &TestCluster, args: &[&str]) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
+        .into()
 }
 
 fn count(cluster: &TestCluster, sql: &str) -> i64 {

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use crate::common::http::serve;
 use crate::common::{
-    finish, relaybus, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, TestSchema,
+    finish, relaybus, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, Spawned,
+    TestSchema,
 };
 
 fn publish(s: &TestSchema, ids: &[&str], handler: &str) {
@@ -370,6 +371,7 @@ fn key_value_strings_and_tls_modes_reach_the_server_as_libpq_would() {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
+            .map(Spawned::from)
             .unwrap();
         let sql = format!(
             "SELECT s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
@@ -516,6 +518,7 @@ fn wake_ups_reach_workers_of_a_schema_with_a_long_name() {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
+        .map(Spawned::from)
         .unwrap();
     let listening = format!(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{app}' AND query LIKE 'LISTEN %'"
@@ -575,6 +578,7 @@ fn an_upgrade_waits_for_the_setup_lock_and_finds_the_store_converted() {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
+        .map(Spawned::from)
         .unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     assert!(

@@ -1,7 +1,7 @@
 //! relaybus run: real worker processes, real shell commands, a real HTTP server.
 
 use std::collections::HashMap;
-use std::process::{Child, Command as StdCommand};
+use std::process::Command as StdCommand;
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD;
@@ -11,8 +11,8 @@ use sha2::Sha256;
 
 use crate::common::http::serve;
 use crate::common::{
-    finish, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, TestDatabase,
-    TestSchema,
+    finish, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, Spawned,
+    TestDatabase, TestSchema,
 };
 
 fn publish(s: &TestSchema, lines: &[String]) {
@@ -76,7 +76,7 @@ fn three_workers_handle_3000_deliveries_exactly_once_in_key_order() {
         ),
     )
     .unwrap();
-    let workers: Vec<Child> = (0..3)
+    let workers: Vec<Spawned> = (0..3)
         .map(|_| {
             spawn_worker(
                 &s,

@@ -198,8 +198,49 @@ pub fn relaybus() -> Command {
     cmd
 }
 
+/// A spawned process that is killed if the test ends (or fails) before `finish` waits for it,
+/// so a failing test leaves no worker behind.
+pub struct Spawned(Option<Child>);
+
+impl From<Child> for Spawned {
+    fn from(child: Child) -> Self {
+        Self(Some(child))
+    }
+}
+
+impl std::ops::Deref for Spawned {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        self.0
+            .as_ref()
+            .expect("a spawned process until it is finished")
+    }
+}
+
+impl std::ops::DerefMut for Spawned {
+    fn deref_mut(&mut self) -> &mut Child {
+        self.0
+            .as_mut()
+            .expect("a spawned process until it is finished")
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// Waits for a spawned child, at most `timeout`: on timeout it is killed and the test fails.
-pub fn finish(mut child: Child, timeout: Duration) -> Output {
+pub fn finish(child: impl Into<Spawned>, timeout: Duration) -> Output {
+    let mut spawned = child.into();
+    let mut child = spawned
+        .0
+        .take()
+        .expect("a spawned process is finished once");
     fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
         std::thread::spawn(move || {
             let mut buf = vec![];
@@ -241,7 +282,7 @@ pub fn stderr(o: &Output) -> String {
 }
 
 /// A worker process in the background.
-pub fn spawn_worker(s: &TestSchema, args: &[&str]) -> Child {
+pub fn spawn_worker(s: &TestSchema, args: &[&str]) -> Spawned {
     StdCommand::new(assert_cmd::cargo::cargo_bin("relaybus"))
         .env("RELAYBUS_DATABASE_URL", database_url())
         .args(["--schema", &s.name, "run"])
@@ -250,6 +291,7 @@ pub fn spawn_worker(s: &TestSchema, args: &[&str]) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap()
+        .into()
 }
 
 pub fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
