@@ -55,12 +55,24 @@ fn exit_codes() {
 }
 
 /// `relaybus ... | head` closes the pipe: writing to it is the reader's choice, not a failure,
-/// for text and JSON alike. The read end is closed before the child starts, so every write
-/// fails, however little the child writes.
+/// for text and JSON alike. The read end is closed before the child starts, and each output is
+/// larger than a buffer (the JSON list of 300 deliveries is over 100 KB), so the writes fail
+/// while the command is still printing, not only at the final flush.
 #[test]
 fn closing_the_output_pipe_is_not_an_error() {
     let s = TestSchema::installed("closed_pipe");
-    for args in [&["schema-sql"][..], &["--json", "deliveries", "list"]] {
+    let events: String = (0..300)
+        .map(|i| format!("{{\"type\":\"t\",\"payload\":{{\"n\":{i}}}}}\n"))
+        .collect();
+    s.cmd()
+        .args(["publish", "--handler", "h", "--json"])
+        .write_stdin(events)
+        .assert()
+        .success();
+    for args in [
+        &["schema-sql"][..],
+        &["--json", "deliveries", "list", "--limit", "300"],
+    ] {
         let (reader, writer) = std::io::pipe().unwrap();
         drop(reader);
         let mut cmd = std::process::Command::new(assert_cmd::cargo::cargo_bin("relaybus"));
