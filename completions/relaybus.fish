@@ -36,7 +36,7 @@ complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "setup" -d 'Instal
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "schema-sql" -d 'Print the schema as SQL for your own migration tool (Flyway, Atlas, sqitch, a DBA).'
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "upgrade" -d 'Convert a 0.1 store to 0.2 in place'
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "publish" -d 'Publish events: one from flags, or many as NDJSON on standard input.'
-complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "run" -d 'Run a worker: claim deliveries and hand them to shell commands or webhooks.'
+complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "run" -d 'Run a worker: claim deliveries and hand them to shell commands, webhooks or SQL statements.'
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "deliveries" -d 'List and inspect deliveries'
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "events" -d 'Inspect events'
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "dead" -d 'List and requeue dead deliveries (those buried after their last attempt, exit 65 or HTTP 410)'
@@ -93,9 +93,10 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l json -d 'P
 complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -s V -l version -d 'Print version'
-complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l handler -d 'Handler name (with --exec or --webhook)' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l handler -d 'Handler name (with --exec, --webhook, --sql or --noop)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l exec -d 'Shell command run with `sh -c` for each delivery' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l webhook -d 'URL that gets a POST of each delivery' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l sql -d 'SQL statement run on the store\'s PostgreSQL database in the transaction that completes each delivery, so its effect exists exactly once per delivery. Parameters: $1 event id, $2 payload (jsonb), $3 key, $4 type, $5 headers (jsonb), $6 delivery id, $7 attempt' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l config -d 'TOML file with one table per handler, for several handlers in one process' -r -F
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l concurrency -d 'Deliveries handled at once' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l batch-size -d 'Deliveries claimed per claim at most' -r
@@ -288,7 +289,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_s
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "schema-sql" -d 'Print the schema as SQL for your own migration tool (Flyway, Atlas, sqitch, a DBA).'
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "upgrade" -d 'Convert a 0.1 store to 0.2 in place'
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "publish" -d 'Publish events: one from flags, or many as NDJSON on standard input.'
-complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "run" -d 'Run a worker: claim deliveries and hand them to shell commands or webhooks.'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "run" -d 'Run a worker: claim deliveries and hand them to shell commands, webhooks or SQL statements.'
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "deliveries" -d 'List and inspect deliveries'
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "events" -d 'Inspect events'
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help" -f -a "dead" -d 'List and requeue dead deliveries (those buried after their last attempt, exit 65 or HTTP 410)'

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::bounds::Bounds;
-use crate::dispatch::{HandlerSpec, RetryPolicy};
+use crate::dispatch::{HandlerSpec, RetryPolicy, Runner};
 use crate::handler::{Handler, NoopHandler, ShellHandler, WebhookHandler, WebhookSecret};
 
 /// The time one attempt may take, unless configured.
@@ -41,6 +41,7 @@ pub enum ConfigError {
 struct Entry {
     exec: Option<String>,
     webhook: Option<String>,
+    sql: Option<String>,
     #[serde(default, with = "humantime_serde")]
     timeout: Option<Duration>,
     max_attempts: Option<i32>,
@@ -64,6 +65,8 @@ pub enum Target {
     Exec(String),
     /// A POST to the URL.
     Webhook(String),
+    /// A statement run in the transaction that completes the delivery.
+    Sql(String),
     /// Nothing: every delivery completes.
     Noop,
 }
@@ -124,10 +127,11 @@ pub fn from_file(path: &Path, defaults: &Defaults) -> Result<Vec<HandlerConfig>,
                 name: name.clone(),
                 why: why.to_owned(),
             };
-            let target = match (e.exec, e.webhook) {
-                (Some(cmd), None) => Target::Exec(cmd),
-                (None, Some(url)) => Target::Webhook(url),
-                _ => return Err(invalid("give exactly one of `exec` or `webhook`")),
+            let target = match (e.exec, e.webhook, e.sql) {
+                (Some(cmd), None, None) => Target::Exec(cmd),
+                (None, Some(url), None) => Target::Webhook(url),
+                (None, None, Some(sql)) => Target::Sql(sql),
+                _ => return Err(invalid("give exactly one of `exec`, `webhook` or `sql`")),
             };
             let max_attempts = e.max_attempts.unwrap_or(defaults.retry.max_attempts);
             if !(1..=RetryPolicy::MAX_ATTEMPTS_LIMIT).contains(&max_attempts) {
@@ -224,6 +228,19 @@ pub fn build(configs: Vec<HandlerConfig>) -> Result<Vec<HandlerSpec>, ConfigErro
                 why,
             };
             let handler: Arc<dyn Handler> = match c.target {
+                Target::Sql(sql) if sql.trim().is_empty() => {
+                    return Err(invalid("the statement is empty".into()))
+                }
+                Target::Sql(sql) => {
+                    return Ok(HandlerSpec {
+                        name: c.name,
+                        runner: Runner::Statement {
+                            sql,
+                            timeout: c.timeout,
+                        },
+                        retry: c.retry,
+                    })
+                }
                 // An unset variable in a deploy script gives an empty command, which `sh -c`
                 // runs successfully: every delivery would complete without being handled.
                 Target::Exec(cmd) if cmd.trim().is_empty() => {
@@ -249,7 +266,7 @@ pub fn build(configs: Vec<HandlerConfig>) -> Result<Vec<HandlerSpec>, ConfigErro
             };
             Ok(HandlerSpec {
                 name: c.name,
-                handler,
+                runner: Runner::Handler(handler),
                 retry: c.retry,
             })
         })

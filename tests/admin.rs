@@ -8,17 +8,6 @@ use crate::common::{
     finish, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, TestSchema,
 };
 
-fn publish(s: &TestSchema, events: &[Value]) {
-    let lines: Vec<String> = events.iter().map(|e| e.to_string()).collect();
-    let out = s
-        .cmd()
-        .arg("publish")
-        .write_stdin(lines.join("\n"))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-}
-
 fn json_out(s: &TestSchema, args: &[&str]) -> Value {
     let out = s.cmd().arg("--json").args(args).output().unwrap();
     assert!(out.status.success(), "{:?}: {}", args, stderr(&out));
@@ -52,14 +41,11 @@ fn field<'a>(rows: &'a Value, name: &str) -> Vec<&'a str> {
 #[test]
 fn listings_filter_by_status_handler_key_event_and_type() {
     let s = TestSchema::installed("admin_list");
-    publish(
-        &s,
-        &[
-            json!({"id": "e1", "type": "order.paid", "key": "k1", "handlers": ["billing", "email"]}),
-            json!({"id": "e2", "type": "order.paid", "key": "k2", "handlers": ["billing"]}),
-            json!({"id": "e3", "type": "user.new", "handlers": ["email"]}),
-        ],
-    );
+    s.publish(&[
+        json!({"id": "e1", "type": "order.paid", "key": "k1", "handlers": ["billing", "email"]}),
+        json!({"id": "e2", "type": "order.paid", "key": "k2", "handlers": ["billing"]}),
+        json!({"id": "e3", "type": "user.new", "handlers": ["email"]}),
+    ]);
     bury(&s, "email", "smtp down");
     let all = json_out(&s, &["deliveries", "list"]);
     assert_eq!(
@@ -181,14 +167,11 @@ fn listings_filter_by_status_handler_key_event_and_type() {
 #[test]
 fn processing_lanes_and_stats_are_derived_from_live_leases() {
     let s = TestSchema::installed("admin_lanes");
-    publish(
-        &s,
-        &[
-            json!({"id": "a1", "type": "t", "key": "k", "handlers": ["slow"]}),
-            json!({"id": "a2", "type": "t", "key": "k", "handlers": ["slow"]}),
-            json!({"id": "b1", "type": "t", "handlers": ["other"]}),
-        ],
-    );
+    s.publish(&[
+        json!({"id": "a1", "type": "t", "key": "k", "handlers": ["slow"]}),
+        json!({"id": "a2", "type": "t", "key": "k", "handlers": ["slow"]}),
+        json!({"id": "b1", "type": "t", "handlers": ["other"]}),
+    ]);
     bury(&s, "other", "nope");
     let marker = format!("{}.{}", 400 + std::process::id() % 100, std::process::id());
     let worker = spawn_worker(
@@ -288,14 +271,11 @@ fn processing_lanes_and_stats_are_derived_from_live_leases() {
 #[test]
 fn requeue_selects_only_dead_deliveries_and_asks_first() {
     let s = TestSchema::installed("admin_requeue");
-    publish(
-        &s,
-        &[
-            json!({"id": "e1", "type": "order.paid", "handlers": ["billing", "crm"]}),
-            json!({"id": "e2", "type": "user.new", "handlers": ["billing", "crm"]}),
-            json!({"id": "e3", "type": "user.new", "handlers": ["crm", "other"]}),
-        ],
-    );
+    s.publish(&[
+        json!({"id": "e1", "type": "order.paid", "handlers": ["billing", "crm"]}),
+        json!({"id": "e2", "type": "user.new", "handlers": ["billing", "crm"]}),
+        json!({"id": "e3", "type": "user.new", "handlers": ["crm", "other"]}),
+    ]);
     bury(&s, "billing", "HTTP 503 from billing");
     bury(&s, "crm", "crm rejected");
     let out = s.cmd().args(["dead", "requeue"]).output().unwrap();
@@ -363,12 +343,12 @@ fn requeue_selects_only_dead_deliveries_and_asks_first() {
 fn a_requeue_racing_a_running_worker_loses_nothing_and_runs_nothing_twice() {
     let s = TestSchema::installed("admin_requeue_race");
     let dead: Vec<Value> = (0..40).map(|i| json!({"id": format!("d{i:02}"), "type": "t", "key": format!("k{}", i % 4), "handlers": ["h"]})).collect();
-    publish(&s, &dead);
+    s.publish(&dead);
     bury(&s, "h", "first try fails");
     let live: Vec<Value> = (0..40)
         .map(|i| json!({"id": format!("l{i:02}"), "type": "t", "handlers": ["h"]}))
         .collect();
-    publish(&s, &live);
+    s.publish(&live);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("handled");
     let worker = spawn_worker(
@@ -425,16 +405,13 @@ fn a_requeue_racing_a_running_worker_loses_nothing_and_runs_nothing_twice() {
 #[test]
 fn purge_keeps_every_pending_delivery_and_its_event() {
     let s = TestSchema::installed("admin_purge");
-    publish(
-        &s,
-        &[
-            json!({"id": "pending-old", "type": "t", "handlers": ["h"]}),
-            json!({"id": "done-old", "type": "t", "handlers": ["done"]}),
-            json!({"id": "dead-old", "type": "t", "handlers": ["dies"]}),
-            json!({"id": "mixed-old", "type": "t", "handlers": ["dies", "h"]}),
-            json!({"id": "done-new", "type": "t", "handlers": ["done"]}),
-        ],
-    );
+    s.publish(&[
+        json!({"id": "pending-old", "type": "t", "handlers": ["h"]}),
+        json!({"id": "done-old", "type": "t", "handlers": ["done"]}),
+        json!({"id": "dead-old", "type": "t", "handlers": ["dies"]}),
+        json!({"id": "mixed-old", "type": "t", "handlers": ["dies", "h"]}),
+        json!({"id": "done-new", "type": "t", "handlers": ["done"]}),
+    ]);
     s.cmd()
         .args([
             "run",

@@ -11,15 +11,11 @@ use crate::common::{
 };
 
 fn publish(s: &TestSchema, ids: &[&str], handler: &str) {
-    let lines: Vec<String> = ids
+    let events: Vec<_> = ids
         .iter()
-        .map(|id| serde_json::json!({"id": id, "type": "t", "handlers": [handler]}).to_string())
+        .map(|id| serde_json::json!({"id": id, "type": "t", "handlers": [handler]}))
         .collect();
-    s.cmd()
-        .arg("publish")
-        .write_stdin(lines.join("\n"))
-        .assert()
-        .success();
+    s.publish(&events);
 }
 
 /// A redirect is never followed: 301-303 would turn the POST into a GET without the envelope and

@@ -14,3 +14,4 @@ mod pgbouncer;
 mod publish;
 mod run;
 mod schema;
+mod sql_handler;

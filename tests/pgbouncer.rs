@@ -3,24 +3,17 @@
 
 use std::collections::BTreeSet;
 
+use serde_json::json;
+
 use crate::common::pgbouncer::PgBouncer;
 use crate::common::{stderr, stdout, TestSchema};
 
 /// Publishes `n` events for handler `h`, straight to the server.
 fn publish(s: &TestSchema, n: usize) {
-    let input: String = (0..n)
-        .map(|i| {
-            format!(
-                "{{\"id\":\"ev-{i}\",\"type\":\"t\",\"key\":\"k{}\",\"payload\":{{}}}}\n",
-                i % 7
-            )
-        })
+    let events: Vec<_> = (0..n)
+        .map(|i| json!({"id": format!("ev-{i}"), "type": "t", "key": format!("k{}", i % 7), "handlers": ["h"]}))
         .collect();
-    s.cmd()
-        .args(["publish", "--handler", "h", "--json"])
-        .write_stdin(input)
-        .assert()
-        .success();
+    s.publish(&events);
 }
 
 #[test]

@@ -15,7 +15,7 @@ use super::cells::{Config, Keys};
 use super::Error;
 use crate::dispatch::{
     worker_name, DispatchOptions, Dispatcher, HandlerSpec, LogFormat, Reporter, RetryPolicy,
-    Shutdown,
+    Runner, Shutdown,
 };
 use crate::handler::{Handler, HandlerFuture, Outcome};
 use crate::store::bench::BenchStore;
@@ -250,7 +250,7 @@ async fn dispatch_worker(store: AnyStore, plan: WorkerPlan) -> Result<WorkerRepo
     let handlers: Vec<HandlerSpec> = (0..plan.handlers)
         .map(|h| HandlerSpec {
             name: format!("h{h}"),
-            handler: Arc::clone(&recording) as Arc<dyn Handler>,
+            runner: Runner::Handler(Arc::clone(&recording) as Arc<dyn Handler>),
             retry: RetryPolicy::default(),
         })
         .collect();

@@ -1,4 +1,4 @@
-//! `relaybus run`: a worker whose handlers are shell commands or webhooks.
+//! `relaybus run`: a worker whose handlers are shell commands, webhooks or SQL statements.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,21 +13,22 @@ use tokio::sync::watch;
 use super::{human, secret_file, within, GlobalArgs, Output};
 use crate::backoff::Backoff;
 use crate::config::{self, Defaults, HandlerConfig, Target};
-use crate::dispatch::{worker_name, DispatchOptions, Dispatcher, RetryPolicy, Shutdown};
+use crate::dispatch::{worker_name, DispatchOptions, Dispatcher, RetryPolicy, Runner, Shutdown};
 use crate::dispatch::{LogFormat, Reporter};
 use crate::handler::WebhookSecret;
 use crate::store::{Store, StoreOptions};
 
-/// Run a worker: claim deliveries and hand them to shell commands or webhooks.
+/// Run a worker: claim deliveries and hand them to shell commands, webhooks or SQL statements.
 ///
 /// One handler from flags:
 ///
 ///   relaybus run --handler billing --exec './bill.sh'
 ///   relaybus run --handler crm --webhook https://crm.internal/hooks --webhook-secret whsec_...
+///   relaybus run --handler audit --sql 'INSERT INTO audit (event_id, payload) VALUES ($1, $2)'
 ///
-/// Several handlers in one process from a TOML file, one table per handler (keys: exec or
-/// webhook, and optionally timeout, max_attempts, retry_delay, retry_max_delay, webhook_secret;
-/// the flags below are the defaults):
+/// Several handlers in one process from a TOML file, one table per handler (keys: exec,
+/// webhook or sql, and optionally timeout, max_attempts, retry_delay, retry_max_delay,
+/// webhook_secret; the flags below are the defaults):
 ///
 ///   [handlers.billing]
 ///   exec = "./bill.sh"
@@ -37,11 +38,17 @@ use crate::store::{Store, StoreOptions};
 ///   webhook = "https://crm.internal/hooks"
 ///   max_attempts = 10
 ///
+///   [handlers.ledger]
+///   sql = "INSERT INTO ledger (event_id, amount) VALUES ($1, ($2->>'amount')::numeric)"
+///
 /// Shell handlers get the JSON envelope on stdin and RELAYBUS_EVENT_ID, RELAYBUS_EVENT_TYPE,
 /// RELAYBUS_KEY, RELAYBUS_HANDLER, RELAYBUS_DELIVERY_ID, RELAYBUS_ATTEMPT in the environment.
 /// Exit 0 completes, 65 buries at once, anything else (or the timeout, which kills the process
 /// group) fails the attempt. Webhooks get a POST of the envelope: 2xx completes, 410 buries,
-/// anything else fails the attempt, honouring Retry-After. Failed attempts are retried with
+/// anything else fails the attempt, honouring Retry-After. A SQL handler's statement runs on
+/// the store's database in the transaction that completes the delivery: both commit or
+/// neither, so its effect exists once per delivery whatever crashes; an error (with the
+/// database's message), or the timeout, fails the attempt. Failed attempts are retried with
 /// exponential backoff and buried (dead letter) at the last attempt.
 ///
 /// SIGINT or SIGTERM stops claiming, lets running handlers finish within --shutdown-grace,
@@ -50,7 +57,7 @@ use crate::store::{Store, StoreOptions};
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct RunArgs {
-    /// Handler name (with --exec or --webhook).
+    /// Handler name (with --exec, --webhook, --sql or --noop).
     #[arg(long, value_name = "NAME", conflicts_with = "config")]
     pub handler: Option<String>,
     /// Shell command run with `sh -c` for each delivery.
@@ -73,6 +80,16 @@ pub struct RunArgs {
     /// backlog on purpose).
     #[arg(long, requires = "handler", conflicts_with = "exec")]
     pub noop: bool,
+    /// SQL statement run on the store's PostgreSQL database in the transaction that completes
+    /// each delivery, so its effect exists exactly once per delivery. Parameters: $1 event id,
+    /// $2 payload (jsonb), $3 key, $4 type, $5 headers (jsonb), $6 delivery id, $7 attempt.
+    #[arg(
+        long,
+        value_name = "STATEMENT",
+        requires = "handler",
+        conflicts_with_all = ["exec", "webhook", "noop"]
+    )]
+    pub sql: Option<String>,
     /// TOML file with one table per handler, for several handlers in one process.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -174,11 +191,14 @@ fn handler_configs(args: &RunArgs) -> Result<Vec<HandlerConfig>> {
     let Some(name) = args.handler.clone() else {
         bail!("nothing to run: give --handler NAME with --exec CMD or --webhook URL, or --config FILE");
     };
-    let target = match (&args.exec, &args.webhook, args.noop) {
-        (Some(cmd), None, false) => Target::Exec(cmd.clone()),
-        (None, Some(url), false) => Target::Webhook(url.clone()),
-        (None, None, true) => Target::Noop,
-        _ => bail!("handler `{name}` needs one of --exec CMD, --webhook URL or --noop"),
+    let target = match (&args.exec, &args.webhook, &args.sql, args.noop) {
+        (Some(cmd), None, None, false) => Target::Exec(cmd.clone()),
+        (None, Some(url), None, false) => Target::Webhook(url.clone()),
+        (None, None, Some(sql), false) => Target::Sql(sql.clone()),
+        (None, None, None, true) => Target::Noop,
+        _ => bail!(
+            "handler `{name}` needs one of --exec CMD, --webhook URL, --sql STATEMENT or --noop"
+        ),
     };
     Ok(vec![HandlerConfig::new(name, target, &defaults)])
 }
@@ -207,6 +227,15 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<E
     let handlers = config::build(handler_configs(&args)?)?;
     let store = Arc::new(g.open(StoreOptions::worker(args.pool_size as usize))?);
     store.require_current().await?;
+    // A statement that cannot run stops the worker now, not each delivery 25 times.
+    for spec in &handlers {
+        if let Runner::Statement { sql, .. } = &spec.runner {
+            store
+                .check_statement(sql)
+                .await
+                .with_context(|| format!("handler `{}`", spec.name))?;
+        }
+    }
     let reporter = Arc::new(Reporter::new(args.log_format));
     let (tx, rx) = watch::channel(Shutdown::Running);
     watch_signals(tx)?;

@@ -7,9 +7,9 @@ use std::time::Duration;
 use tokio::sync::{watch, OwnedSemaphorePermit};
 
 use super::complete::{until_recorded, RunningGuard};
-use super::Context;
+use super::{Context, Runner};
 use crate::handler::Outcome;
-use crate::store::{ClaimedDelivery, FailOutcome, Failure, LeaseToken, Store};
+use crate::store::{ClaimedDelivery, FailOutcome, Failure, LeaseToken, StatementOutcome, Store};
 
 /// Runs one delivery to its end. Returns its token when it was aborted by shutdown.
 pub(super) async fn run<S: Store>(
@@ -23,9 +23,41 @@ pub(super) async fn run<S: Store>(
         .handlers
         .get(&delivery.handler)
         .expect("claims only return deliveries of the worker's handlers");
-    let outcome = tokio::select! {
-        outcome = spec.handler.handle(&delivery) => outcome,
-        _ = cancel.wait_for(|c| *c) => return Some(delivery.token),
+    let outcome = match &spec.runner {
+        Runner::Handler(handler) => tokio::select! {
+            outcome = handler.handle(&delivery) => outcome,
+            _ = cancel.wait_for(|c| *c) => return Some(delivery.token),
+        },
+        Runner::Statement { sql, timeout } => {
+            let mut aborted = cancel.clone();
+            let run = until_recorded("a handler's statement", &ctx.reporter, &mut cancel, || {
+                ctx.store
+                    .complete_with_statement(&delivery, sql, *timeout, ctx.history)
+            });
+            // Aborted by a second signal, the transaction rolls back: released like any other.
+            let ran = tokio::select! {
+                ran = run => ran,
+                _ = aborted.wait_for(|c| *c) => return Some(delivery.token),
+            };
+            match ran {
+                Ok(StatementOutcome::Completed) => {
+                    ctx.reporter.counters.handled.fetch_add(1, Relaxed);
+                    return None;
+                }
+                Ok(StatementOutcome::LeaseLost) => {
+                    lease_lost(ctx, &delivery);
+                    return None;
+                }
+                Ok(StatementOutcome::Failed(error)) => Outcome::Failed {
+                    error,
+                    retry_after: None,
+                },
+                Err(e) => {
+                    stopped_unrecorded(ctx, &delivery, "statement", &e);
+                    return None;
+                }
+            }
+        }
     };
     // Concurrency bounds running handlers. Recording the outcome overlaps the next claim: the
     // delivery stays in its lane's in-flight list until it is deleted or rescheduled, so the

@@ -62,8 +62,18 @@ pub async fn signalled(shutdown: &mut watch::Receiver<Shutdown>, state: Shutdown
 /// A handler as the dispatcher runs it.
 pub struct HandlerSpec {
     pub name: String,
-    pub handler: Arc<dyn Handler>,
+    pub runner: Runner,
     pub retry: RetryPolicy,
+}
+
+/// What runs a handler's deliveries.
+#[derive(Clone)]
+pub enum Runner {
+    /// A handler whose outcome is recorded after it ends (completions batched).
+    Handler(Arc<dyn Handler>),
+    /// A statement the store runs in the transaction that completes the delivery, bounded by
+    /// the timeout.
+    Statement { sql: String, timeout: Duration },
 }
 
 /// Lanes the first claim after a short one may take; doubled while claims stay short, so a
@@ -90,6 +100,8 @@ struct Context<S> {
     /// Claimed deliveries whose task has not ended (its outcome may not be committed yet).
     outstanding: Mutex<HashSet<String>>,
     reporter: Arc<Reporter>,
+    /// Completions are also appended to the history.
+    history: bool,
 }
 
 /// A worker: construct it, then `run` it until shutdown (or, with `drain`, until no due work is
@@ -153,6 +165,7 @@ impl<S: Store> Dispatcher<S> {
             running,
             outstanding: Mutex::new(HashSet::new()),
             reporter: Arc::clone(&reporter),
+            history: options.completion_history,
         });
         let slots = Arc::new(Semaphore::new(options.concurrency));
         let wake = Arc::new(Notify::new());

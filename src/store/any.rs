@@ -155,6 +155,18 @@ impl Store for AnyStore {
     async fn complete(&self, tokens: &[LeaseToken], history: bool) -> Result<Vec<String>> {
         on_engine!(self, s => s.complete(tokens, history).await)
     }
+    async fn check_statement(&self, statement: &str) -> Result<()> {
+        on_engine!(self, s => s.check_statement(statement).await)
+    }
+    async fn complete_with_statement(
+        &self,
+        delivery: &ClaimedDelivery,
+        statement: &str,
+        timeout: Duration,
+        history: bool,
+    ) -> Result<StatementOutcome> {
+        on_engine!(self, s => s.complete_with_statement(delivery, statement, timeout, history).await)
+    }
     async fn fail(
         &self,
         token: &LeaseToken,

@@ -62,6 +62,9 @@ pub enum StoreError {
     #[error("{context}: {detail}; the connection goes through a transaction pooler (PgBouncer in transaction mode, for one) that shares prepared statements between its clients: run with --no-prepared-statements, or use PgBouncer 1.21 or later with max_prepared_statements set")]
     PooledStatements { context: String, detail: String },
 
+    #[error("the statement does not run on this database: {detail}; its parameters are $1 event id (text), $2 payload (jsonb), $3 key (text), $4 type (text), $5 headers (jsonb), $6 delivery id (text), $7 attempt (int4)")]
+    InvalidStatement { detail: String },
+
     #[error("{count} deliveries are still leased by 0.1 workers (until {until}); stop every 0.1 worker first, or rerun with `--force` once they are stopped")]
     LiveLeases { count: i64, until: String },
 

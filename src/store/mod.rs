@@ -93,6 +93,21 @@ pub trait Store: Send + Sync + 'static {
         history: bool,
     ) -> impl Future<Output = Result<Vec<String>>> + Send;
 
+    /// Checks a handler's statement against the store's database without running it, with the
+    /// parameters `complete_with_statement` binds.
+    fn check_statement(&self, statement: &str) -> impl Future<Output = Result<()>> + Send;
+
+    /// Runs a handler's statement with the delivery's envelope as parameters and completes the
+    /// delivery, in one transaction: both commit or neither does, so after any crash the
+    /// statement's effect exists once per delivery. `timeout` bounds the statement.
+    fn complete_with_statement(
+        &self,
+        delivery: &ClaimedDelivery,
+        statement: &str,
+        timeout: Duration,
+        history: bool,
+    ) -> impl Future<Output = Result<StatementOutcome>> + Send;
+
     /// Records a failed attempt: rescheduled, or buried at the handler's last attempt or when
     /// rejected.
     fn fail(

@@ -290,6 +290,18 @@ pub enum FailOutcome {
     LeaseLost,
 }
 
+/// How a handler's statement ended, run in the transaction that completes its delivery.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StatementOutcome {
+    /// The statement ran and the delivery was completed: both committed.
+    Completed,
+    /// The statement failed, with the database's message: nothing of it committed, and the
+    /// delivery is still in flight for its failed attempt to be recorded.
+    Failed(String),
+    /// The token was no longer valid: nothing ran.
+    LeaseLost,
+}
+
 /// Statements (or operations) a store sent, and how many of them the server had to parse.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClientCounts {

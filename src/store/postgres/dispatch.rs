@@ -16,7 +16,7 @@ fn ms(d: std::time::Duration) -> f64 {
 }
 
 /// Parallel arrays of tokens, as the statements take them.
-fn token_arrays(tokens: &[LeaseToken]) -> (Vec<&str>, Vec<i16>, Vec<i64>, Vec<i32>) {
+pub(super) fn token_arrays(tokens: &[LeaseToken]) -> (Vec<&str>, Vec<i16>, Vec<i64>, Vec<i32>) {
     let mut out = (
         Vec::with_capacity(tokens.len()),
         Vec::with_capacity(tokens.len()),

@@ -11,6 +11,7 @@ mod dispatch;
 mod publish;
 mod schema;
 mod sql;
+mod statement;
 #[cfg(test)]
 mod testing;
 mod wake;
@@ -106,6 +107,21 @@ impl Store for PgStore {
 
     async fn complete(&self, tokens: &[LeaseToken], history: bool) -> Result<Vec<String>> {
         self.complete_impl(tokens, history).await
+    }
+
+    async fn check_statement(&self, statement: &str) -> Result<()> {
+        self.check_statement_impl(statement).await
+    }
+
+    async fn complete_with_statement(
+        &self,
+        delivery: &ClaimedDelivery,
+        statement: &str,
+        timeout: Duration,
+        history: bool,
+    ) -> Result<StatementOutcome> {
+        self.complete_with_statement_impl(delivery, statement, timeout, history)
+            .await
     }
 
     async fn fail(
