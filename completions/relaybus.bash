@@ -1190,7 +1190,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__run)
-            opts="-h -V --handler --exec --webhook --noop --sql --config --concurrency --batch-size --poll-interval --lease-duration --pool-size --max-attempts --retry-delay --retry-max-delay --timeout --webhook-secret --drain --completion-window --shutdown-grace --completion-history --wake-up --log-format --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            opts="-h -V --handler --exec --webhook --noop --sql --config --concurrency --batch-size --poll-interval --lease-duration --pool-size --max-attempts --retry-delay --retry-max-delay --timeout --webhook-secret --drain --completion-window --shutdown-grace --completion-history --wake-up --metrics-addr --log-format --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1266,6 +1266,10 @@ _relaybus() {
                     ;;
                 --wake-up)
                     COMPREPLY=($(compgen -W "listen poll" -- "${cur}"))
+                    return 0
+                    ;;
+                --metrics-addr)
+                    COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --log-format)

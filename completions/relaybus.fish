@@ -112,6 +112,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l completion-win
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l shutdown-grace -d 'How long running handlers may finish after a stop signal' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l wake-up -d 'How an idle worker learns of new work: LISTEN/NOTIFY plus polling, or polling only (for poolers that cannot LISTEN)' -r -f -a "listen\t''
 poll\t''"
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l metrics-addr -d 'Serve Prometheus metrics at /metrics, and /healthz and /readyz, on this address (for example 127.0.0.1:9464)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l log-format -d 'Log lines as text or JSON (a live status line replaces them on a terminal)' -r -f -a "text\t''
 json\t''"
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r

@@ -10,6 +10,7 @@ mod conformance;
 mod dispatch;
 mod faults;
 mod hardening;
+mod metrics;
 mod pgbouncer;
 mod publish;
 mod run;

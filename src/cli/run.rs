@@ -13,8 +13,8 @@ use tokio::sync::watch;
 use super::{human, secret_file, within, GlobalArgs, Output};
 use crate::backoff::Backoff;
 use crate::config::{self, Defaults, HandlerConfig, Target};
+use crate::dispatch::{metrics, LogFormat, Reporter};
 use crate::dispatch::{worker_name, DispatchOptions, Dispatcher, RetryPolicy, Runner, Shutdown};
-use crate::dispatch::{LogFormat, Reporter};
 use crate::handler::WebhookSecret;
 use crate::store::{Store, StoreOptions};
 
@@ -146,6 +146,10 @@ pub struct RunArgs {
     /// poolers that cannot LISTEN).
     #[arg(long, value_enum, default_value_t = WakeUp::Listen)]
     pub wake_up: WakeUp,
+    /// Serve Prometheus metrics at /metrics, and /healthz and /readyz, on this address
+    /// (for example 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// Log lines as text or JSON (a live status line replaces them on a terminal).
     #[arg(
         long,
@@ -236,7 +240,29 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<E
                 .with_context(|| format!("handler `{}`", spec.name))?;
         }
     }
-    let reporter = Arc::new(Reporter::new(args.log_format));
+    let reporter = Reporter::new(args.log_format);
+    let reporter = Arc::new(match args.metrics_addr {
+        Some(_) => reporter.with_metrics(),
+        None => reporter,
+    });
+    let names: Vec<String> = handlers.iter().map(|h| h.name.clone()).collect();
+    if let Some(addr) = args.metrics_addr {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("could not listen on {addr} for --metrics-addr"))?;
+        let endpoint = metrics::serve(
+            listener,
+            Arc::clone(&reporter),
+            Arc::clone(&store),
+            names.clone(),
+        );
+        let log = Arc::clone(&reporter);
+        tokio::spawn(async move {
+            if let Err(e) = endpoint.await {
+                log.log("error", "the metrics endpoint stopped", &[("error", &e)]);
+            }
+        });
+    }
     let (tx, rx) = watch::channel(Shutdown::Running);
     watch_signals(tx)?;
     let options = DispatchOptions {
@@ -251,7 +277,6 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<E
         wake_ups: args.wake_up == WakeUp::Listen,
         ..DispatchOptions::new(worker_name())
     };
-    let names: Vec<String> = handlers.iter().map(|h| h.name.clone()).collect();
     let summary = Dispatcher::new(Arc::clone(&store), options, handlers, reporter)
         .run(rx.clone())
         .await?;

@@ -105,6 +105,7 @@ impl Completer {
 /// and what `op` records is lost if it gives up. The first failure is logged. Once the worker
 /// is `stopping`, a failure is final.
 pub(super) async fn until_recorded<T, F, Fut>(
+    operation: &'static str,
     what: &str,
     reporter: &Reporter,
     stopping: &mut watch::Receiver<bool>,
@@ -118,8 +119,12 @@ where
     loop {
         match op().await {
             Ok(done) => return Ok(done),
-            Err(e) if *stopping.borrow() => return Err(format!("{e:#}")),
+            Err(e) if *stopping.borrow() => {
+                reporter.metrics.database_error(operation);
+                return Err(format!("{e:#}"));
+            }
             Err(e) => {
+                reporter.metrics.database_error(operation);
                 let retry_in = retries.next_delay();
                 if retries.count() == 1 {
                     reporter.log(
@@ -167,8 +172,15 @@ async fn run<S: Store>(
         }
         let tokens: Vec<LeaseToken> = batch.iter().map(|(t, _)| t.clone()).collect();
         let what = format!("{} completions", tokens.len());
-        let verdict = until_recorded(&what, &settings.reporter, &mut settings.stopping, || {
-            store.complete(&tokens, settings.history)
+        let reporter = &settings.reporter;
+        let verdict = until_recorded("complete", &what, reporter, &mut settings.stopping, || {
+            let started = tokio::time::Instant::now();
+            let complete = store.complete(&tokens, settings.history);
+            async move {
+                let deleted = complete.await?;
+                reporter.metrics.completed(started.elapsed());
+                Ok(deleted)
+            }
         })
         .await
         .map(|ids| ids.into_iter().collect::<HashSet<String>>());

@@ -1,12 +1,13 @@
 //! One delivery, from its claim to its recorded outcome: run the handler, then complete it
 //! (batched), or record the failed attempt, or, on shutdown, hand back its token for release.
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use tokio::sync::{watch, OwnedSemaphorePermit};
+use tokio::time::Instant;
 
 use super::complete::{until_recorded, RunningGuard};
+use super::metrics::Ended;
 use super::{Context, Runner};
 use crate::handler::Outcome;
 use crate::store::{ClaimedDelivery, FailOutcome, Failure, LeaseToken, StatementOutcome, Store};
@@ -23,6 +24,8 @@ pub(super) async fn run<S: Store>(
         .handlers
         .get(&delivery.handler)
         .expect("claims only return deliveries of the worker's handlers");
+    let _in_flight = ctx.reporter.metrics.in_flight();
+    let started = Instant::now();
     let outcome = match &spec.runner {
         Runner::Handler(handler) => tokio::select! {
             outcome = handler.handle(&delivery) => outcome,
@@ -30,18 +33,27 @@ pub(super) async fn run<S: Store>(
         },
         Runner::Statement { sql, timeout } => {
             let mut aborted = cancel.clone();
-            let run = until_recorded("a handler's statement", &ctx.reporter, &mut cancel, || {
-                ctx.store
-                    .complete_with_statement(&delivery, sql, *timeout, ctx.history)
-            });
+            let run = until_recorded(
+                "statement",
+                "a handler's statement",
+                &ctx.reporter,
+                &mut cancel,
+                || {
+                    ctx.store
+                        .complete_with_statement(&delivery, sql, *timeout, ctx.history)
+                },
+            );
             // Aborted by a second signal, the transaction rolls back: released like any other.
             let ran = tokio::select! {
                 ran = run => ran,
                 _ = aborted.wait_for(|c| *c) => return Some(delivery.token),
             };
+            ctx.reporter
+                .metrics
+                .handler_ran(&delivery.handler, started.elapsed());
             match ran {
                 Ok(StatementOutcome::Completed) => {
-                    ctx.reporter.counters.handled.fetch_add(1, Relaxed);
+                    ctx.reporter.ended(Ended::Handled, &delivery.handler);
                     return None;
                 }
                 Ok(StatementOutcome::LeaseLost) => {
@@ -59,6 +71,11 @@ pub(super) async fn run<S: Store>(
             }
         }
     };
+    if let Runner::Handler(_) = spec.runner {
+        ctx.reporter
+            .metrics
+            .handler_ran(&delivery.handler, started.elapsed());
+    }
     // Concurrency bounds running handlers. Recording the outcome overlaps the next claim: the
     // delivery stays in its lane's in-flight list until it is deleted or rescheduled, so the
     // claim cannot pick it again.
@@ -70,7 +87,7 @@ pub(super) async fn run<S: Store>(
             drop(running);
             match pending.verdict().await {
                 Ok(true) => {
-                    ctx.reporter.counters.handled.fetch_add(1, Relaxed);
+                    ctx.reporter.ended(Ended::Handled, &delivery.handler);
                 }
                 Ok(false) => lease_lost(ctx, &delivery),
                 Err(e) => stopped_unrecorded(ctx, &delivery, "completion", &e),
@@ -94,11 +111,14 @@ pub(super) async fn run<S: Store>(
         }
     };
     drop(running);
-    let recorded = until_recorded("a failed attempt", &ctx.reporter, &mut cancel, || {
-        ctx.store.fail(&delivery.token, &failure, &error)
-    })
+    let recorded = until_recorded(
+        "fail",
+        "a failed attempt",
+        &ctx.reporter,
+        &mut cancel,
+        || ctx.store.fail(&delivery.token, &failure, &error),
+    )
     .await;
-    let counters = &ctx.reporter.counters;
     let fields: [(&str, &dyn std::fmt::Display); 5] = [
         ("delivery", &delivery.token.delivery_id),
         ("event", &delivery.event_id),
@@ -108,12 +128,12 @@ pub(super) async fn run<S: Store>(
     ];
     match recorded {
         Ok(FailOutcome::Buried) => {
-            counters.dead.fetch_add(1, Relaxed);
+            ctx.reporter.ended(Ended::Buried, &delivery.handler);
             ctx.reporter
                 .log("error", "delivery buried (dead letter)", &fields);
         }
         Ok(FailOutcome::Rescheduled) => {
-            counters.failed.fetch_add(1, Relaxed);
+            ctx.reporter.ended(Ended::Failed, &delivery.handler);
             let Failure::Retry { delay, .. } = failure else {
                 unreachable!("a rejected delivery is never rescheduled")
             };
@@ -146,7 +166,7 @@ fn stopped_unrecorded<S>(ctx: &Context<S>, d: &ClaimedDelivery, what: &str, erro
 }
 
 fn lease_lost<S>(ctx: &Context<S>, d: &ClaimedDelivery) {
-    ctx.reporter.counters.lease_lost.fetch_add(1, Relaxed);
+    ctx.reporter.ended(Ended::LeaseLost, &d.handler);
     ctx.reporter.log(
         "warn",
         "lease lost: another worker took the lane over; the delivery runs again there",

@@ -9,6 +9,7 @@
 
 mod complete;
 mod delivery;
+pub mod metrics;
 mod options;
 pub mod report;
 
@@ -146,6 +147,7 @@ impl<S: Store> Dispatcher<S> {
             lease: options.lease_duration,
             outstanding: vec![],
         };
+        reporter.metrics.handlers(&template.handlers);
         let running = Arc::new(Running::default());
         let cancel = watch::channel(false).0;
         let (completer, completer_task) = Completer::start(
@@ -302,12 +304,17 @@ impl<S: Store> Dispatcher<S> {
                 .collect(),
             ..self.template.clone()
         };
-        match self.store.claim(&request).await {
+        let started = Instant::now();
+        let claimed = self.store.claim(&request).await;
+        let metrics = &self.reporter.metrics;
+        match claimed {
             Ok(claimed) => {
+                metrics.claimed(claimed.0.len(), started.elapsed());
                 self.claim_retries.reset();
                 Some(claimed)
             }
             Err(e) if e.stops_worker() => {
+                metrics.claim_failed();
                 self.reporter.log(
                     "error",
                     "claims cannot succeed; stopping",
@@ -317,6 +324,7 @@ impl<S: Store> Dispatcher<S> {
                 None
             }
             Err(e) => {
+                metrics.claim_failed();
                 let retry_in = self.claim_retries.next_delay();
                 self.reporter.log(
                     "warn",
@@ -430,6 +438,7 @@ impl<S: Store> Dispatcher<S> {
     /// Stops claiming, lets running handlers finish within the grace period (none with a
     /// second signal), aborts and releases the rest, and hands every lane back.
     async fn stop(mut self, mut shutdown: watch::Receiver<Shutdown>) -> Summary {
+        self.reporter.metrics.stopping();
         if let Some(relay) = self.wake_relay.take() {
             relay.abort();
         }
@@ -512,7 +521,10 @@ fn relay_wake_ups<S: Store>(
     Some(tokio::spawn(async move {
         loop {
             match wake_ups.next().await {
-                WakeUp::Signal => wake.notify_one(),
+                WakeUp::Signal => {
+                    reporter.metrics.woken();
+                    wake.notify_one();
+                }
                 WakeUp::Lost { error, retry_in } => reporter.log(
                     "warn",
                     "wake-up connection lost; polling until it is back",
@@ -530,12 +542,16 @@ async fn renew<S: Store>(store: Arc<S>, owner: String, lease: Duration, reporter
     let every = (lease / 3).max(Duration::from_millis(100));
     loop {
         tokio::time::sleep(every).await;
-        if let Err(e) = store.renew(&owner, lease).await {
-            reporter.log(
-                "warn",
-                "lease renewal failed; retrying",
-                &[("error", &format!("{e:#}"))],
-            );
+        match store.renew(&owner, lease).await {
+            Ok(lanes) => reporter.metrics.lanes_held(lanes),
+            Err(e) => {
+                reporter.metrics.database_error("renew");
+                reporter.log(
+                    "warn",
+                    "lease renewal failed; retrying",
+                    &[("error", &format!("{e:#}"))],
+                );
+            }
         }
     }
 }

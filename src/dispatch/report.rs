@@ -9,6 +9,8 @@ use std::time::Instant;
 
 use serde_json::{Map, Value};
 
+use super::metrics::{Ended, Metrics};
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
     Text,
@@ -59,6 +61,7 @@ impl Counters {
 }
 
 pub struct Reporter {
+    pub metrics: Metrics,
     format: LogFormat,
     /// A live status line is drawn only when stderr is a terminal.
     live: bool,
@@ -71,6 +74,7 @@ pub struct Reporter {
 impl Reporter {
     pub fn new(format: LogFormat) -> Self {
         Self {
+            metrics: Metrics::new(false),
             format,
             live: std::io::stderr().is_terminal(),
             status_drawn: Mutex::new(false),
@@ -80,12 +84,32 @@ impl Reporter {
         }
     }
 
+    /// A reporter that also records the metrics `run --metrics-addr` serves.
+    pub fn with_metrics(self) -> Self {
+        Self {
+            metrics: Metrics::new(true),
+            ..self
+        }
+    }
+
     /// A reporter that logs nothing, for benchmark workers (their output is the report).
     pub fn quiet(format: LogFormat) -> Self {
         Self {
             quiet: true,
             ..Self::new(format)
         }
+    }
+
+    /// Counts how a delivery's attempt ended, in the summary and per handler.
+    pub fn ended(&self, how: Ended, handler: &str) {
+        let counter = match how {
+            Ended::Handled => &self.counters.handled,
+            Ended::Failed => &self.counters.failed,
+            Ended::Buried => &self.counters.dead,
+            Ended::LeaseLost => &self.counters.lease_lost,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.metrics.ended(how, handler);
     }
 
     /// One log line: `ts level msg k=v ...`, or a JSON object with `--log-format json`.

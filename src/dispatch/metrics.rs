@@ -1,0 +1,402 @@
+//! What a worker tells Prometheus, and whether it is ready: the counters and histograms the
+//! dispatcher records as it works, and the `/metrics`, `/healthz` and `/readyz` endpoints of
+//! `run --metrics-addr`. Labels name handlers and operations only, never an event id or a key,
+//! so a series count stays bounded.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+use super::Reporter;
+use crate::store::Store;
+
+/// Lag is read from the store at most this often, however often Prometheus scrapes.
+const LAG_EVERY: Duration = Duration::from_secs(10);
+/// A scrape waits this long at most for the lag query.
+const LAG_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HandlerLabel {
+    handler: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabel {
+    operation: &'static str,
+}
+
+/// How a delivery's attempt ended, as counted per handler.
+#[derive(Clone, Copy, Debug)]
+pub enum Ended {
+    Handled,
+    /// A failed attempt, rescheduled.
+    Failed,
+    Buried,
+    LeaseLost,
+}
+
+/// Where the worker is, for `/readyz`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum Phase {
+    Starting = 0,
+    Claiming = 1,
+    ClaimsFailing = 2,
+    Stopping = 3,
+}
+
+type Seconds = Histogram;
+type Lag = Gauge<f64, AtomicU64>;
+
+pub struct Metrics {
+    /// Off unless the worker serves them: recording costs a few per cent of a tuned worker's
+    /// throughput, which a worker nobody scrapes should not pay.
+    enabled: bool,
+    registry: Registry,
+    ended: [Family<HandlerLabel, Counter>; 4],
+    in_flight: Gauge,
+    claims: Counter,
+    claim_size: Histogram,
+    claim_duration: Seconds,
+    completion_duration: Seconds,
+    handler_duration: Family<HandlerLabel, Seconds, fn() -> Seconds>,
+    lag: Family<HandlerLabel, Lag>,
+    lanes_held: Gauge,
+    wake_ups: Counter,
+    database_errors: Family<OperationLabel, Counter>,
+    phase: AtomicU8,
+    lag_sampled: Mutex<Option<Instant>>,
+    /// Each handler's series, looked up by name without building a label per delivery.
+    series: OnceLock<HashMap<String, HandlerSeries>>,
+}
+
+struct HandlerSeries {
+    ended: [Counter; 4],
+    duration: Seconds,
+}
+
+fn seconds() -> Seconds {
+    // 100 µs to about 3.5 minutes.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 22))
+}
+
+/// Counts one delivery in flight until dropped.
+pub struct InFlight(Gauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+impl Metrics {
+    pub fn new(enabled: bool) -> Self {
+        let mut registry = Registry::with_prefix("relaybus");
+        let ended: [Family<HandlerLabel, Counter>; 4] = Default::default();
+        for (family, name, help) in [
+            (&ended[0], "deliveries_handled", "Deliveries completed"),
+            (
+                &ended[1],
+                "delivery_attempts_failed",
+                "Failed attempts rescheduled for a later attempt",
+            ),
+            (
+                &ended[2],
+                "deliveries_buried",
+                "Deliveries buried as dead letters",
+            ),
+            (
+                &ended[3],
+                "deliveries_lease_lost",
+                "Outcomes refused because another worker had taken the lane over",
+            ),
+        ] {
+            registry.register(name, help, family.clone());
+        }
+        let in_flight = Gauge::default();
+        registry.register(
+            "deliveries_in_flight",
+            "Deliveries claimed by this worker and not ended yet",
+            in_flight.clone(),
+        );
+        let claims = Counter::default();
+        registry.register("claims", "Claims made", claims.clone());
+        let claim_size = Histogram::new([
+            0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0,
+        ]);
+        registry.register("claim_size", "Deliveries per claim", claim_size.clone());
+        let claim_duration = seconds();
+        registry.register_with_unit(
+            "claim_duration",
+            "Time a claim took",
+            Unit::Seconds,
+            claim_duration.clone(),
+        );
+        let completion_duration = seconds();
+        registry.register_with_unit(
+            "completion_duration",
+            "Time a completion statement took (one per window of completions)",
+            Unit::Seconds,
+            completion_duration.clone(),
+        );
+        let handler_duration =
+            Family::<HandlerLabel, Seconds, fn() -> Seconds>::new_with_constructor(seconds);
+        registry.register_with_unit(
+            "handler_duration",
+            "Time a handler's attempt took",
+            Unit::Seconds,
+            handler_duration.clone(),
+        );
+        let lag = Family::<HandlerLabel, Lag>::default();
+        registry.register_with_unit(
+            "lag",
+            "Age of the oldest due delivery of each handler, read at most every 10 s",
+            Unit::Seconds,
+            lag.clone(),
+        );
+        let lanes_held = Gauge::default();
+        registry.register(
+            "lanes_held",
+            "Lanes this worker held at its last lease renewal",
+            lanes_held.clone(),
+        );
+        let wake_ups = Counter::default();
+        registry.register("wake_ups", "Wake-ups received", wake_ups.clone());
+        let database_errors = Family::<OperationLabel, Counter>::default();
+        registry.register(
+            "database_errors",
+            "Database operations that failed, by operation",
+            database_errors.clone(),
+        );
+        Self {
+            enabled,
+            registry,
+            ended,
+            in_flight,
+            claims,
+            claim_size,
+            claim_duration,
+            completion_duration,
+            handler_duration,
+            lag,
+            lanes_held,
+            wake_ups,
+            database_errors,
+            phase: AtomicU8::new(Phase::Starting as u8),
+            lag_sampled: Mutex::new(None),
+            series: OnceLock::new(),
+        }
+    }
+
+    /// The handlers this worker runs: their series exist from the start, at zero.
+    pub fn handlers(&self, names: &[String]) {
+        if !self.enabled {
+            return;
+        }
+        self.series.get_or_init(|| {
+            names
+                .iter()
+                .map(|handler| {
+                    let label = HandlerLabel {
+                        handler: handler.clone(),
+                    };
+                    let _ = self.lag.get_or_create(&label);
+                    let series = HandlerSeries {
+                        ended: self
+                            .ended
+                            .each_ref()
+                            .map(|family| family.get_or_create_owned(&label)),
+                        duration: self.handler_duration.get_or_create_owned(&label),
+                    };
+                    (handler.clone(), series)
+                })
+                .collect()
+        });
+    }
+
+    fn of(&self, handler: &str) -> Option<&HandlerSeries> {
+        self.series.get()?.get(handler)
+    }
+
+    pub fn ended(&self, how: Ended, handler: &str) {
+        if let Some(series) = self.of(handler) {
+            series.ended[how as usize].inc();
+        }
+    }
+
+    pub fn in_flight(&self) -> Option<InFlight> {
+        if !self.enabled {
+            return None;
+        }
+        self.in_flight.inc();
+        Some(InFlight(self.in_flight.clone()))
+    }
+
+    pub fn claimed(&self, size: usize, took: Duration) {
+        if !self.enabled {
+            return;
+        }
+        self.claims.inc();
+        self.claim_size.observe(size as f64);
+        self.claim_duration.observe(took.as_secs_f64());
+        self.set_phase(Phase::Claiming);
+    }
+
+    pub fn claim_failed(&self) {
+        if !self.enabled {
+            return;
+        }
+        self.database_error("claim");
+        self.set_phase(Phase::ClaimsFailing);
+    }
+
+    pub fn completed(&self, took: Duration) {
+        if !self.enabled {
+            return;
+        }
+        self.completion_duration.observe(took.as_secs_f64());
+    }
+
+    pub fn handler_ran(&self, handler: &str, took: Duration) {
+        if let Some(series) = self.of(handler) {
+            series.duration.observe(took.as_secs_f64());
+        }
+    }
+
+    pub fn lanes_held(&self, lanes: u64) {
+        if !self.enabled {
+            return;
+        }
+        self.lanes_held.set(lanes as i64);
+    }
+
+    pub fn woken(&self) {
+        if !self.enabled {
+            return;
+        }
+        self.wake_ups.inc();
+    }
+
+    pub fn database_error(&self, operation: &'static str) {
+        if !self.enabled {
+            return;
+        }
+        self.database_errors
+            .get_or_create(&OperationLabel { operation })
+            .inc();
+    }
+
+    /// From here on the worker is not ready, whatever its claims do.
+    pub fn stopping(&self) {
+        self.phase.store(Phase::Stopping as u8, Ordering::Relaxed);
+    }
+
+    fn set_phase(&self, phase: Phase) {
+        let _ = self
+            .phase
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| {
+                (now != Phase::Stopping as u8).then_some(phase as u8)
+            });
+    }
+
+    /// Ready when claims succeed and the worker is not stopping; otherwise why not.
+    fn readiness(&self) -> Result<(), &'static str> {
+        match self.phase.load(Ordering::Relaxed) {
+            p if p == Phase::Claiming as u8 => Ok(()),
+            p if p == Phase::Starting as u8 => Err("starting: no claim has succeeded yet"),
+            p if p == Phase::ClaimsFailing as u8 => Err("claims are failing"),
+            _ => Err("shutting down"),
+        }
+    }
+
+    /// Reads the lag of these handlers from the store unless it was read within `LAG_EVERY`.
+    async fn sample_lag<S: Store>(&self, store: &S, handlers: &[String]) {
+        {
+            let mut sampled = self.lag_sampled.lock().expect("lag lock");
+            if sampled.is_some_and(|at| at.elapsed() < LAG_EVERY) {
+                return;
+            }
+            *sampled = Some(Instant::now());
+        }
+        match tokio::time::timeout(LAG_TIMEOUT, store.stats()).await {
+            Ok(Ok(stats)) => {
+                for s in stats.iter().filter(|s| handlers.contains(&s.handler)) {
+                    let label = HandlerLabel {
+                        handler: s.handler.clone(),
+                    };
+                    self.lag
+                        .get_or_create(&label)
+                        .set(s.lag_seconds.unwrap_or(0.0));
+                }
+            }
+            _ => self.database_error("stats"),
+        }
+    }
+
+    fn encode(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .expect("writing to a String cannot fail");
+        text
+    }
+}
+
+struct Endpoint<S> {
+    reporter: Arc<Reporter>,
+    store: Arc<S>,
+    handlers: Vec<String>,
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the process ends.
+pub async fn serve<S: Store>(
+    listener: tokio::net::TcpListener,
+    reporter: Arc<Reporter>,
+    store: Arc<S>,
+    handlers: Vec<String>,
+) -> std::io::Result<()> {
+    let endpoint = Arc::new(Endpoint {
+        reporter,
+        store,
+        handlers,
+    });
+    let app = axum::Router::new()
+        .route("/metrics", get(metrics::<S>))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready::<S>))
+        .with_state(endpoint);
+    axum::serve(listener, app).await
+}
+
+async fn metrics<S: Store>(State(e): State<Arc<Endpoint<S>>>) -> impl IntoResponse {
+    let m = &e.reporter.metrics;
+    m.sample_lag(&*e.store, &e.handlers).await;
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        m.encode(),
+    )
+}
+
+async fn ready<S: Store>(State(e): State<Arc<Endpoint<S>>>) -> impl IntoResponse {
+    match e.reporter.metrics.readiness() {
+        Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        ),
+    }
+}

@@ -1,0 +1,94 @@
+//! `run --metrics-addr`: a real worker scraped over real HTTP.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::common::cluster::free_port;
+use crate::common::{
+    finish, runtime, signal, spawn_worker, stdout, wait_in_flight, wait_until, TestSchema,
+};
+
+/// Status and body of a GET.
+fn get(url: &str) -> (u16, String) {
+    runtime().block_on(async {
+        let response = reqwest::get(url).await.unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    })
+}
+
+/// The value of one series in a scrape, if present.
+fn value(scrape: &str, series: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.parse().unwrap())
+}
+
+#[test]
+fn a_scrape_counts_what_the_worker_handled_and_readyz_turns_unready_on_shutdown() {
+    let s = TestSchema::installed("metrics");
+    let base = format!("http://127.0.0.1:{}", free_port());
+    let events: Vec<_> = (0..20)
+        .map(|i| json!({"id": format!("e{i}"), "type": "t", "handlers": ["h"]}))
+        .collect();
+    s.publish(&events);
+    let addr = base.trim_start_matches("http://");
+    let worker = spawn_worker(
+        &s,
+        &[
+            "--handler",
+            "h",
+            "--exec",
+            "cat >/dev/null; [ \"$RELAYBUS_EVENT_ID\" = slow ] && sleep 3; exit 0",
+            "--poll-interval",
+            "50ms",
+            "--metrics-addr",
+            addr,
+        ],
+    );
+    let handled = "relaybus_deliveries_handled_total{handler=\"h\"}";
+    let mut scrape = String::new();
+    wait_until("20 handled in a scrape", Duration::from_secs(20), || {
+        scrape = std::net::TcpStream::connect(addr)
+            .ok()
+            .map(|_| get(&format!("{base}/metrics")).1)
+            .unwrap_or_default();
+        value(&scrape, handled) == Some(20.0)
+    });
+    for (series, expected) in [
+        ("relaybus_deliveries_in_flight", 0.0),
+        (
+            "relaybus_handler_duration_seconds_count{handler=\"h\"}",
+            20.0,
+        ),
+        ("relaybus_deliveries_buried_total{handler=\"h\"}", 0.0),
+    ] {
+        assert_eq!(value(&scrape, series), Some(expected), "{series}\n{scrape}");
+    }
+    assert!(value(&scrape, "relaybus_claims_total").unwrap() >= 1.0);
+    // Read from the store when first scraped, so whatever was due then.
+    assert!(value(&scrape, "relaybus_lag_seconds{handler=\"h\"}").is_some());
+    assert!(scrape.ends_with("# EOF\n"), "{scrape}");
+    assert!(!scrape.contains("e1"), "an event id in a label:\n{scrape}");
+    assert_eq!(get(&format!("{base}/healthz")), (200, "ok\n".into()));
+    assert_eq!(get(&format!("{base}/readyz")), (200, "ready\n".into()));
+
+    // A delivery still running when SIGTERM comes keeps the worker in its grace period: not
+    // ready from the signal on, although it still serves.
+    s.publish(&[json!({"id": "slow", "type": "t", "handlers": ["h"]})]);
+    wait_in_flight(&s, 1);
+    signal(&worker, nix::sys::signal::Signal::SIGTERM);
+    let mut readiness = (0, String::new());
+    wait_until("readyz to turn unready", Duration::from_secs(2), || {
+        readiness = get(&format!("{base}/readyz"));
+        readiness.0 != 200
+    });
+    assert_eq!(readiness, (503, "not ready: shutting down\n".into()));
+    let out = finish(worker, Duration::from_secs(30));
+    assert!(out.status.success());
+    assert_eq!(
+        stdout(&out),
+        "handled 21, failed attempts 0, dead 0, lease lost 0, released 0\n"
+    );
+}
