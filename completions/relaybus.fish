@@ -24,9 +24,9 @@ function __fish_relaybus_using_subcommand
     contains -- $cmd[1] $argv
 end
 
-complete -c relaybus -n "__fish_relaybus_needs_command" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
-complete -c relaybus -n "__fish_relaybus_needs_command" -l schema -d 'Database schema that holds the relaybus tables' -r
-complete -c relaybus -n "__fish_relaybus_needs_command" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_needs_command" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_needs_command" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
+complete -c relaybus -n "__fish_relaybus_needs_command" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_needs_command" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_needs_command" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_needs_command" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
@@ -47,9 +47,9 @@ complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "completions" -d '
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "bench" -d 'Measure publish and dispatch throughput, mixed-load latency and the database\'s counters.'
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "bench-worker" -d 'One process of a benchmark, started by `relaybus bench` with its plan as JSON on stdin'
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l schema -d 'Database schema that holds the relaybus tables' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l check -d 'Only check the installed version; change nothing'
 complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l json -d 'Print results as JSON for scripts (stable field names)'
@@ -58,17 +58,17 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -s h -l help -d
 complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l from -d 'Render the conversion from this installed version instead of a fresh install' -r -f -a "0.1\t''"
 complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l grants -d 'Render the grants a runtime role needs instead' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l schema -d 'Database schema that holds the relaybus tables' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -s V -l version -d 'Print version'
-complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l schema -d 'Database schema that holds the relaybus tables' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l dry-run -d 'Print the plan and stop; write nothing'
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -s y -l yes -d 'Do not ask for confirmation'
@@ -85,9 +85,9 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l header -d 
 complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l data -d 'Payload as JSON, or @FILE to read it from a file' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l batch-size -d 'Events per transaction when reading stdin' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l max-payload-bytes -d 'Largest payload accepted, in bytes' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l schema -d 'Database schema that holds the relaybus tables' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
@@ -115,9 +115,9 @@ poll\t''"
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l metrics-addr -d 'Serve Prometheus metrics at /metrics, and /healthz and /readyz, on this address (for example 127.0.0.1:9464)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l log-format -d 'Log lines as text or JSON (a live status line replaces them on a terminal)' -r -f -a "text\t''
 json\t''"
-complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l schema -d 'Database schema that holds the relaybus tables' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l noop -d 'Complete each delivery without running anything (benchmarks, or discarding a handler\'s backlog on purpose)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l drain -d 'Exit 0 once no due work is left (batch jobs, tests). Deliveries whose next attempt is due later are not waited for; the summary counts them'
@@ -126,9 +126,9 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l json -d 'Print
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -s V -l version -d 'Print version'
-complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l schema -d 'Database schema that holds the relaybus tables' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
@@ -146,17 +146,17 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l event -d 'Event id' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l type -d 'Event type' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l limit -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l schema -d 'Database schema that holds the relaybus tables' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -s V -l version -d 'Print version'
-complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l schema -d 'Database schema that holds the relaybus tables' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
@@ -165,9 +165,9 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from help" -f -a "list" -d 'List deliveries in creation order (completed ones newest first)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from help" -f -a "show" -d 'Show one delivery: its state, attempts, last error, lane and lease'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -l schema -d 'Database schema that holds the relaybus tables' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
@@ -175,9 +175,9 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -f -a "show" -d 'Show one event: its payload, every handler it ever had, and its remaining deliveries'
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -l schema -d 'Database schema that holds the relaybus tables' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
@@ -185,9 +185,9 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_see
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from help" -f -a "show" -d 'Show one event: its payload, every handler it ever had, and its remaining deliveries'
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -l schema -d 'Database schema that holds the relaybus tables' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
@@ -198,9 +198,9 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_s
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l handler -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l limit -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l schema -d 'Database schema that holds the relaybus tables' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
@@ -210,9 +210,9 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l handler -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l type -d 'Event type' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l error-contains -d 'Text the last error contains' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l schema -d 'Database schema that holds the relaybus tables' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l all -d 'Every dead delivery'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l dry-run -d 'Only count what would be requeued'
@@ -227,9 +227,9 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_
 complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l completed-older-than -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l dead-older-than -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l batch-size -d 'Rows per statement' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l schema -d 'Database schema that holds the relaybus tables' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l dry-run -d 'Only count what would be deleted'
 complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -s y -l yes -d 'Do not ask for confirmation'
@@ -237,26 +237,26 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l json -d 'Pri
 complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -s V -l version -d 'Print version'
-complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l schema -d 'Database schema that holds the relaybus tables' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l all -d 'Show every lane'
 complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -s V -l version -d 'Print version'
-complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l schema -d 'Database schema that holds the relaybus tables' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -s h -l help -d 'Print help'
 complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -s V -l version -d 'Print version'
-complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l schema -d 'Database schema that holds the relaybus tables' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
@@ -268,9 +268,9 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l warmup -d 'W
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l window -d 'The measured window. The default keeps the quick set to a few minutes; the seed\'s method is --warmup 3s --window 15s' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l compare -d 'A second relaybus binary to compare with, interleaved sample by sample' -r -F
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l out -d 'Directory for report.md, samples.jsonl and env.json' -r -F
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l schema -d 'Database schema that holds the relaybus tables' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l list -d 'List the cells and exit'
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l no-floor -d 'Skip the raw-SQL floor runs'
@@ -278,9 +278,9 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l json -d 'Pri
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -s V -l version -d 'Print version'
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l database-url -d 'Database URL: postgres://user:password@host:port/db. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l schema -d 'Database schema that holds the relaybus tables' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l prefix -d 'Prefix of every relaybus table, index and function name' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench-worker" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'

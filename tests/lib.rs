@@ -1,5 +1,6 @@
 //! End-to-end tests: the real binary against a real PostgreSQL (RELAYBUS_TEST_DATABASE_URL,
-//! default the local server), each test in a schema of its own.
+//! default the local server) and a real MongoDB wire server (RELAYBUS_TEST_MONGODB_URL, default
+//! 127.0.0.1:27017), each test in a schema or database of its own.
 
 mod admin;
 mod bench;
@@ -11,6 +12,7 @@ mod dispatch;
 mod faults;
 mod hardening;
 mod metrics;
+mod mongo;
 mod pgbouncer;
 mod publish;
 mod run;

@@ -141,7 +141,7 @@ fn setup_twice_and_check() {
         .args(["setup", "--check", "--json"])
         .assert()
         .success()
-        .stdout("{\n  \"current\": true,\n  \"expected\": \"0.2\",\n  \"installed\": \"0.2\"\n}\n");
+        .stdout("{\n  \"current\": true,\n  \"installed\": \"0.2\",\n  \"expected\": \"0.2\"\n}\n");
 }
 
 #[test]
@@ -481,7 +481,7 @@ fn bad_names_and_urls_are_refused_with_what_to_do() {
         .unwrap();
     assert_eq!(
         stderr(&out),
-        "error: unsupported database URL `mysql://x@y/z`: use postgres://, postgresql:// or key=value pairs (host=... dbname=...)\n"
+        "error: unsupported database URL `mysql://x@y/z`: use postgres://, postgresql://, key=value pairs (host=... dbname=...), mongodb:// or mongodb+srv://\n"
     );
     let out = s
         .cmd()

@@ -51,7 +51,8 @@ pub struct Cli {
 /// Options every command takes.
 #[derive(Debug, Clone, Args)]
 pub struct GlobalArgs {
-    /// Database URL: postgres://user:password@host:port/db. Without it, the file
+    /// Database URL: postgres://user:password@host:port/db (or libpq's key=value pairs), or
+    /// mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file
     /// RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER,
     /// PGPASSWORD, PGDATABASE) with libpq's defaults.
     #[arg(
@@ -62,14 +63,17 @@ pub struct GlobalArgs {
     )]
     pub database_url: Option<String>,
 
-    /// Database schema that holds the relaybus tables.
-    #[arg(long, global = true, default_value = "public", value_name = "NAME")]
-    pub schema: String,
+    /// Schema that holds the relaybus tables [default: public]. On MongoDB, the database that
+    /// holds the collections [default: the URL's database, else relaybus].
+    #[arg(long, global = true, env = "RELAYBUS_SCHEMA", value_name = "NAME")]
+    pub schema: Option<String>,
 
-    /// Prefix of every relaybus table, index and function name.
+    /// Prefix of every relaybus table, index and function name (of every collection on
+    /// MongoDB).
     #[arg(
         long,
         global = true,
+        env = "RELAYBUS_PREFIX",
         default_value = "relaybus_",
         value_name = "PREFIX"
     )]
@@ -148,7 +152,11 @@ impl GlobalArgs {
     }
 
     fn namespace(&self) -> Result<Namespace> {
-        Ok(Namespace::new(&self.schema, &self.prefix)?)
+        Ok(crate::store::namespace(
+            self.url()?.as_deref(),
+            self.schema.as_deref(),
+            &self.prefix,
+        )?)
     }
 
     /// The store of these options, for a command of the kind `options` describes.
@@ -159,8 +167,9 @@ impl GlobalArgs {
             lock_timeout: self.lock_timeout,
             ..options
         };
+        let url = self.url()?;
         Ok(crate::store::open(
-            self.url()?.as_deref(),
+            url.as_deref(),
             self.namespace()?,
             options,
         )?)

@@ -27,7 +27,7 @@ pub struct SetupArgs {
 pub(super) async fn run(g: &GlobalArgs, out: &Output, args: SetupArgs) -> Result<ExitCode> {
     let store = g.open(StoreOptions::admin())?;
     let ns = store.namespace();
-    let place = format!("schema \"{}\", prefix \"{}\"", ns.schema(), ns.prefix());
+    let place = ns.place();
     if args.check {
         let status = store.schema_status().await?;
         let current = status == SchemaStatus::Current;

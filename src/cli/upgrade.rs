@@ -92,11 +92,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Resu
         return Ok(ExitCode::SUCCESS);
     }
     plan.live_leases.refuse_unless(args.force)?;
-    let question = format!(
-        "Convert schema \"{}\" (prefix \"{}\") from 0.1 to 0.2 in place?",
-        ns.schema(),
-        ns.prefix()
-    );
+    let question = format!("Convert {} from 0.1 to 0.2 in place?", ns.place());
     if !confirm(&question, args.yes)? {
         bail!("upgrade cancelled; nothing was written");
     }
@@ -129,7 +125,8 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Resu
         ))?;
     } else {
         out.line(format!(
-            "upgraded schema \"{}\" from {} to {} in {seconds:.1}s",
+            "upgraded {} \"{}\" from {} to {} in {seconds:.1}s",
+            ns.container(),
             ns.schema(),
             outcome.before.describe(),
             outcome.after.describe()

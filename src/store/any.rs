@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::bench::{Backlog, BenchStore, DeliveryCounts, ServerCounters};
+use super::mongo::MongoStore;
 use super::postgres::PgStore;
 use super::*;
 
@@ -46,14 +47,27 @@ pub enum Script {
     Grants { role: String },
 }
 
+/// Where a store lives on the engine `url` names: on PostgreSQL the schema (default
+/// `public`); on MongoDB the database `schema` names, else the URL's, else `relaybus`.
+pub fn namespace(url: Option<&str>, schema: Option<&str>, prefix: &str) -> Result<Namespace> {
+    match (Engine::of(url)?, url) {
+        (Engine::Mongo, Some(url)) => {
+            let database = schema
+                .map(str::to_owned)
+                .or_else(|| super::mongo::url_database(url))
+                .unwrap_or_else(|| "relaybus".into());
+            Namespace::for_mongo(&database, prefix)
+        }
+        _ => Namespace::new(schema.unwrap_or("public"), prefix),
+    }
+}
+
 /// The store at `url` (None: the libpq variables) in `ns`. Connections open on first use.
 pub fn open(url: Option<&str>, ns: Namespace, options: StoreOptions) -> Result<AnyStore> {
-    match Engine::of(url)? {
-        Engine::Postgres => Ok(AnyStore(Engines::Postgres(PgStore::open(
-            url, ns, options,
-        )?))),
-        Engine::Mongo => Err(StoreError::MongoUnavailable),
-    }
+    Ok(AnyStore(match (Engine::of(url)?, url) {
+        (Engine::Mongo, Some(url)) => Engines::Mongo(MongoStore::open(url, ns, options)?),
+        _ => Engines::Postgres(PgStore::open(url, ns, options)?),
+    }))
 }
 
 /// An engine's schema as a script for the operator's own migration tool, rendered without a
@@ -61,7 +75,7 @@ pub fn open(url: Option<&str>, ns: Namespace, options: StoreOptions) -> Result<A
 pub fn schema_script(engine: Engine, ns: &Namespace, script: &Script) -> Result<String> {
     match engine {
         Engine::Postgres => Ok(super::postgres::script(ns, script)),
-        Engine::Mongo => Err(StoreError::MongoUnavailable),
+        Engine::Mongo => Ok(super::mongo::script(ns, script)),
     }
 }
 
@@ -107,12 +121,14 @@ pub struct AnyStore(Engines);
 
 enum Engines {
     Postgres(PgStore),
+    Mongo(MongoStore),
 }
 
 macro_rules! on_engine {
     ($self:ident, $store:ident => $body:expr) => {
         match &$self.0 {
             Engines::Postgres($store) => $body,
+            Engines::Mongo($store) => $body,
         }
     };
 }
@@ -266,8 +282,8 @@ mod tests {
             Engine::of(Some("mysql://u:pw@h/db"))
                 .unwrap_err()
                 .to_string(),
-            "unsupported database URL `mysql://u:***@h/db`: use postgres://, postgresql:// or \
-             key=value pairs (host=... dbname=...)"
+            "unsupported database URL `mysql://u:***@h/db`: use postgres://, postgresql://, \
+             key=value pairs (host=... dbname=...), mongodb:// or mongodb+srv://"
         );
         assert_eq!(
             redact("postgres://app:s3cret@db:5432/x?sslmode=disable"),

@@ -19,14 +19,14 @@ pub enum StoreError {
         example: &'static str,
     },
 
-    #[error("unsupported database URL `{0}`: use postgres://, postgresql:// or key=value pairs (host=... dbname=...)")]
+    #[error("unsupported database URL `{0}`: use postgres://, postgresql://, key=value pairs (host=... dbname=...), mongodb:// or mongodb+srv://")]
     UnsupportedUrl(String),
 
     #[error("invalid connection string `{shown}`: {why}")]
     InvalidConnectionString { shown: String, why: String },
 
-    #[error("MongoDB stores are not available in this build of relaybus; use a PostgreSQL URL (postgres://...)")]
-    MongoUnavailable,
+    #[error("SQL handlers run only on a PostgreSQL store, in the transaction that completes the delivery; on MongoDB use an --exec or --webhook handler")]
+    StatementsUnsupported,
 
     // The driver's error is described in the message (`detail`), not chained as a source, so
     // `{:#}` prints it once.
@@ -44,11 +44,19 @@ pub enum StoreError {
         cause: BoxError,
     },
 
-    #[error("relaybus is not installed in schema \"{schema}\" with prefix \"{prefix}\"; {}", SchemaStatus::NotInstalled.advice())]
-    NotInstalled { schema: String, prefix: String },
+    #[error("relaybus is not installed in {container} \"{schema}\" with prefix \"{prefix}\"; {}", SchemaStatus::NotInstalled.advice())]
+    NotInstalled {
+        container: &'static str,
+        schema: String,
+        prefix: String,
+    },
 
-    #[error("the relaybus schema in schema \"{schema}\" with prefix \"{prefix}\" is incomplete (no version row, or indexes that differ from 0.2's); {}", SchemaStatus::Incomplete.advice())]
-    Incomplete { schema: String, prefix: String },
+    #[error("the relaybus schema in {container} \"{schema}\" with prefix \"{prefix}\" is incomplete (no version row, or indexes that differ from 0.2's); {}", SchemaStatus::Incomplete.advice())]
+    Incomplete {
+        container: &'static str,
+        schema: String,
+        prefix: String,
+    },
 
     #[error("the database is at schema 0.1; {}", SchemaStatus::V01.advice())]
     Outdated,

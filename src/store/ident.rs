@@ -13,6 +13,8 @@ const MAX_IDENT: usize = 63;
 pub struct Namespace {
     schema: String,
     prefix: String,
+    /// What holds the store: a PostgreSQL schema or a MongoDB database.
+    container: &'static str,
 }
 
 impl Namespace {
@@ -22,15 +24,49 @@ impl Namespace {
         Ok(Self {
             schema: schema.to_owned(),
             prefix: prefix.to_owned(),
+            container: "schema",
         })
     }
 
+    /// On MongoDB: the database, whose names follow MongoDB's rules, and the prefix of every
+    /// collection.
+    pub fn for_mongo(database: &str, prefix: &str) -> Result<Self, StoreError> {
+        super::mongo::check_database_name(database).map_err(|why| {
+            StoreError::InvalidIdentifier {
+                what: "database".into(),
+                value: database.to_owned(),
+                why,
+                example: "relaybus",
+            }
+        })?;
+        check("prefix", prefix, MAX_IDENT - LONGEST_SUFFIX.len())?;
+        Ok(Self {
+            schema: database.to_owned(),
+            prefix: prefix.to_owned(),
+            container: "database",
+        })
+    }
+
+    /// The PostgreSQL schema, or the MongoDB database.
     pub fn schema(&self) -> &str {
         &self.schema
     }
 
     pub fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    /// `schema` or `database`: what `--schema` names on this engine.
+    pub fn container(&self) -> &'static str {
+        self.container
+    }
+
+    /// Where the store lives, for messages: `schema "app", prefix "relaybus_"`.
+    pub fn place(&self) -> String {
+        format!(
+            "{} \"{}\", prefix \"{}\"",
+            self.container, self.schema, self.prefix
+        )
     }
 
     /// Fills the `{{schema}}` and `{{prefix}}` placeholders of an embedded SQL text.

@@ -8,6 +8,7 @@ pub mod bench;
 mod error;
 mod ident;
 pub mod lane;
+mod mongo;
 mod options;
 mod postgres;
 mod retention;
@@ -18,7 +19,7 @@ mod wake;
 use std::future::Future;
 use std::time::Duration;
 
-pub use any::{open, redact, schema_script, AnyStore, Engine, Script};
+pub use any::{namespace, open, redact, schema_script, AnyStore, Engine, Script};
 pub use error::{BoxError, StoreError};
 pub use ident::Namespace;
 pub use options::StoreOptions;

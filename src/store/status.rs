@@ -49,7 +49,11 @@ impl SchemaStatus {
 
     /// The error a command that needs the current schema shows, or none when it is current.
     pub fn error(&self, ns: &Namespace) -> Option<StoreError> {
-        let (schema, prefix) = (ns.schema().to_owned(), ns.prefix().to_owned());
+        let (container, schema, prefix) = (
+            ns.container(),
+            ns.schema().to_owned(),
+            ns.prefix().to_owned(),
+        );
         match self {
             SchemaStatus::Current => None,
             SchemaStatus::V01 => Some(StoreError::Outdated),
@@ -57,8 +61,16 @@ impl SchemaStatus {
                 found: version.clone(),
                 supported: SCHEMA_VERSION.into(),
             }),
-            SchemaStatus::NotInstalled => Some(StoreError::NotInstalled { schema, prefix }),
-            SchemaStatus::Incomplete => Some(StoreError::Incomplete { schema, prefix }),
+            SchemaStatus::NotInstalled => Some(StoreError::NotInstalled {
+                container,
+                schema,
+                prefix,
+            }),
+            SchemaStatus::Incomplete => Some(StoreError::Incomplete {
+                container,
+                schema,
+                prefix,
+            }),
         }
     }
 }

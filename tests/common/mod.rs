@@ -2,6 +2,7 @@
 
 pub mod cluster;
 pub mod http;
+pub mod mongo;
 pub mod pgbouncer;
 
 use std::io::Read;
@@ -45,7 +46,7 @@ fn connect_to(url: &str) -> Client {
 }
 
 /// A schema or database name no other test uses, within PostgreSQL's 63 bytes.
-fn unique(test: &str) -> String {
+pub fn unique(test: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
     let mut name = format!(
         "t{}_{}_{}",

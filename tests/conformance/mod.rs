@@ -3,6 +3,7 @@
 //! the story, generic over `S: Store`; each engine's module opens a fresh, empty namespace per
 //! test and instantiates the suite with `conformance!`.
 
+mod mongo;
 mod postgres;
 pub(crate) mod suite;
 

@@ -110,7 +110,8 @@ pub(crate) async fn setup_installs_once_and_reports_what_it_found<S: Store>(s: &
     assert_eq!(
         s.require_current().await.unwrap_err().to_string(),
         format!(
-            "relaybus is not installed in schema \"{}\" with prefix \"{}\"; run `relaybus setup`",
+            "relaybus is not installed in {} \"{}\" with prefix \"{}\"; run `relaybus setup`",
+            ns.container(),
             ns.schema(),
             ns.prefix()
         )

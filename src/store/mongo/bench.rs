@@ -1,0 +1,336 @@
+//! What `relaybus bench` reads and writes on MongoDB: the server's own counters (operations,
+//! and the oplog entries and bytes of this database, with inserts, updates and deletes per
+//! collection), a backlog written by bulk inserts, and the raw floors.
+//!
+//! The oplog is read from the first counter read on: every later read counts what the oplog
+//! gained since, so two reads differ by what happened between them. A transaction's writes are
+//! one `applyOps` entry on a `mongod` replica set; each write is counted inside it.
+
+use std::collections::BTreeMap;
+
+use mongodb::bson::{doc, Bson, DateTime, Document, Regex, Timestamp};
+
+use super::model::{all, literal};
+use super::publish::bson_i64;
+use super::{MongoStore, DELIVERIES, EVENTS, KEY_SEQUENCES, READY};
+use crate::store::bench::{Backlog, BenchStore, DeliveryCounts, ServerCounters};
+use crate::store::lane::lane_of;
+use crate::store::{NewEvent, Result};
+
+/// Documents per insert of a preload.
+const PRELOAD_BATCH: usize = 5_000;
+
+fn payload() -> Document {
+    doc! { "pad": "x".repeat(150) }
+}
+
+fn delivery(
+    id: String,
+    event: &str,
+    handler: &str,
+    key: Option<&str>,
+    sequence: Option<i64>,
+) -> Document {
+    let now = DateTime::now();
+    doc! {
+        "_id": id, "eventId": event, "handler": handler,
+        "laneId": i32::from(lane_of(key, event)), "key": key, "sequence": sequence,
+        "status": "pending", "attempts": 0, "claims": 0, "dueAt": now, "lastError": Bson::Null,
+        "createdAt": now, "updatedAt": now, "completedAt": Bson::Null, "lane": READY,
+    }
+}
+
+impl MongoStore {
+    /// The newest oplog entry's time, where counting starts.
+    async fn oplog_now(&self) -> Result<Timestamp> {
+        let oplog = self
+            .conn
+            .client()
+            .await?
+            .database("local")
+            .collection::<Document>("oplog.rs");
+        let last = oplog
+            .find_one(doc! {})
+            .sort(doc! { "$natural": -1 })
+            .await
+            .map_err(self.conn.error("could not read the oplog"))?;
+        Ok(last
+            .and_then(|d| d.get_timestamp("ts").ok())
+            .unwrap_or(Timestamp {
+                time: 0,
+                increment: 0,
+            }))
+    }
+
+    async fn insert_batches(&self, collection: &str, docs: Vec<Document>) -> Result<()> {
+        let coll = self.conn.collection(&self.name(collection)).await?;
+        for chunk in docs.chunks(PRELOAD_BATCH) {
+            coll.insert_many(chunk.to_vec())
+                .ordered(false)
+                .await
+                .map_err(self.conn.error(format!("could not preload {collection}")))?;
+        }
+        Ok(())
+    }
+}
+
+impl BenchStore for MongoStore {
+    async fn server_counters(&self) -> Result<ServerCounters> {
+        let failed = self.conn.error("could not read the server's counters");
+        let counted_from = *self.counted_from.lock().expect("oplog start lock");
+        let since = match counted_from {
+            Some(ts) => ts,
+            None => {
+                let now = self.oplog_now().await?;
+                *self.counted_from.lock().expect("oplog start lock") = Some(now);
+                now
+            }
+        };
+        let client = self.conn.client().await?;
+        let status = client
+            .database("admin")
+            .run_command(doc! { "serverStatus": 1 })
+            .await
+            .map_err(&failed)?;
+        let mut totals = BTreeMap::new();
+        let operations: i64 = status
+            .get_document("opcounters")
+            .map(|o| o.values().map(bson_i64).sum())
+            .unwrap_or(0);
+        totals.insert("operations".to_owned(), operations);
+        let mine = Regex {
+            pattern: format!("^{}\\.", literal(self.ns.schema())),
+            options: String::new(),
+        };
+        let oplog = client.database("local").collection::<Document>("oplog.rs");
+        let matching = doc! {
+            "ts": { "$gt": since },
+            "$or": [{ "ns": &mine }, { "o.applyOps.ns": &mine }],
+        };
+        let cursor = oplog
+            .aggregate([
+                doc! { "$match": matching.clone() },
+                doc! { "$group": {
+                    "_id": Bson::Null, "entries": { "$sum": 1 },
+                    "bytes": { "$sum": { "$bsonSize": "$$ROOT" } },
+                } },
+            ])
+            .await
+            .map_err(&failed)?;
+        let sums = all(cursor).await.map_err(&failed)?;
+        let sum = |f: &str| {
+            sums.first()
+                .and_then(|d| d.get(f))
+                .map(bson_i64)
+                .unwrap_or(0)
+        };
+        totals.insert("oplog_entries".to_owned(), sum("entries"));
+        totals.insert("oplog_bytes".to_owned(), sum("bytes"));
+        let cursor = oplog
+            .aggregate([
+                doc! { "$match": matching },
+                doc! { "$project": { "ops": { "$cond": [
+                    { "$isArray": "$o.applyOps" }, "$o.applyOps", [{ "ns": "$ns", "op": "$op" }],
+                ] } } },
+                doc! { "$unwind": "$ops" },
+                doc! { "$group": { "_id": { "ns": "$ops.ns", "op": "$ops.op" }, "n": { "$sum": 1 } } },
+            ])
+            .await
+            .map_err(&failed)?;
+        let prefix = format!("{}.{}", self.ns.schema(), self.ns.prefix());
+        let mut tables: BTreeMap<String, [i64; 4]> = BTreeMap::new();
+        for row in all(cursor).await.map_err(&failed)? {
+            let Ok(id) = row.get_document("_id") else {
+                continue;
+            };
+            let Some(collection) = id
+                .get_str("ns")
+                .ok()
+                .and_then(|ns| ns.strip_prefix(&prefix))
+            else {
+                continue;
+            };
+            let counts = tables.entry(collection.to_owned()).or_default();
+            let n = row.get("n").map(bson_i64).unwrap_or(0);
+            match id.get_str("op").unwrap_or_default() {
+                "i" => counts[0] += n,
+                "u" => counts[1] += n,
+                "d" => counts[3] += n,
+                _ => {}
+            }
+        }
+        Ok(ServerCounters { totals, tables })
+    }
+
+    async fn server_settings(&self) -> Result<BTreeMap<String, String>> {
+        let failed = self.conn.error("could not read the server's settings");
+        let admin = self.conn.client().await?.database("admin");
+        let build = admin
+            .run_command(doc! { "buildInfo": 1 })
+            .await
+            .map_err(&failed)?;
+        let hello = admin
+            .run_command(doc! { "hello": 1 })
+            .await
+            .map_err(&failed)?;
+        let mut settings = BTreeMap::new();
+        settings.insert(
+            "server_version".into(),
+            build.get_str("version").unwrap_or("?").to_owned(),
+        );
+        settings.insert(
+            "replica_set".into(),
+            hello.get_str("setName").unwrap_or("-").to_owned(),
+        );
+        Ok(settings)
+    }
+
+    async fn preload(&self, backlog: &Backlog, _settle: bool) -> Result<()> {
+        let key = |n: u64| backlog.key_modulus.map(|m| format!("k{}", n % m));
+        let now = DateTime::now();
+        let events: Vec<Document> = (0..backlog.events)
+            .map(|n| {
+                doc! {
+                    "_id": format!("e{n}"), "type": "bench.event", "key": key(n),
+                    "payload": payload(), "headers": {}, "handlers": &backlog.handlers,
+                    "createdAt": now,
+                }
+            })
+            .collect();
+        self.insert_batches(EVENTS, events).await?;
+        let mut sequences: BTreeMap<String, i64> = BTreeMap::new();
+        let mut deliveries = Vec::with_capacity(backlog.events as usize * backlog.handlers.len());
+        for n in 0..backlog.events {
+            let k = key(n);
+            let sequence = k.as_ref().map(|k| {
+                let s = sequences.entry(k.clone()).or_default();
+                *s += 1;
+                *s
+            });
+            for (i, h) in backlog.handlers.iter().enumerate() {
+                // Ids ascend in publish order, as relaybus's time-ordered ids do.
+                let id = format!(
+                    "00000000-0000-7000-8000-{:012x}",
+                    n * backlog.handlers.len() as u64 + i as u64
+                );
+                deliveries.push(delivery(id, &format!("e{n}"), h, k.as_deref(), sequence));
+            }
+        }
+        self.insert_batches(DELIVERIES, deliveries).await?;
+        let counters: Vec<Document> = sequences
+            .into_iter()
+            .map(|(k, n)| doc! { "_id": k, "lastSequence": n })
+            .collect();
+        if !counters.is_empty() {
+            self.insert_batches(KEY_SEQUENCES, counters).await?;
+        }
+        Ok(())
+    }
+
+    async fn delivery_counts(&self) -> Result<DeliveryCounts> {
+        let failed = self.conn.error("could not count deliveries");
+        let coll = self.conn.collection(&self.name(DELIVERIES)).await?;
+        let count = |filter: Document| {
+            let coll = &coll;
+            let failed = &failed;
+            async move { coll.count_documents(filter).await.map_err(failed) }
+        };
+        Ok(DeliveryCounts {
+            total: count(doc! {}).await? as i64,
+            pending: count(doc! { "status": "pending" }).await? as i64,
+            dead: count(doc! { "status": "dead" }).await? as i64,
+        })
+    }
+
+    async fn pending(&self) -> Result<Vec<(String, String)>> {
+        let failed = self.conn.error("could not read the pending deliveries");
+        let coll = self.conn.collection(&self.name(DELIVERIES)).await?;
+        let cursor = coll
+            .find(doc! { "status": "pending" })
+            .projection(doc! { "eventId": 1, "handler": 1 })
+            .await
+            .map_err(&failed)?;
+        Ok(all(cursor)
+            .await
+            .map_err(&failed)?
+            .iter()
+            .filter_map(|d| {
+                Some((
+                    d.get_str("eventId").ok()?.to_owned(),
+                    d.get_str("handler").ok()?.to_owned(),
+                ))
+            })
+            .collect())
+    }
+
+    async fn drop_namespace(&self) -> Result<()> {
+        self.conn
+            .database()
+            .await?
+            .drop()
+            .await
+            .map_err(self.conn.error("could not drop the benchmark's database"))
+    }
+
+    async fn floor_publish(&self, events: &[NewEvent]) -> Result<()> {
+        let now = DateTime::now();
+        let docs: Vec<Document> = events
+            .iter()
+            .map(|e| {
+                doc! {
+                    "_id": &e.id, "type": "bench.event", "key": &e.key, "payload": payload(),
+                    "handlers": &e.handlers, "createdAt": now,
+                }
+            })
+            .collect();
+        let deliveries: Vec<Document> = events
+            .iter()
+            .flat_map(|e| {
+                e.handlers.iter().map(|h| {
+                    delivery(
+                        uuid::Uuid::now_v7().to_string(),
+                        &e.id,
+                        h,
+                        e.key.as_deref(),
+                        None,
+                    )
+                })
+            })
+            .collect();
+        let failed = self.conn.error("floor: insert");
+        self.conn
+            .collection(&self.name(EVENTS))
+            .await?
+            .insert_many(docs)
+            .await
+            .map_err(&failed)?;
+        self.conn
+            .collection(&self.name(DELIVERIES))
+            .await?
+            .insert_many(deliveries)
+            .await
+            .map_err(&failed)?;
+        Ok(())
+    }
+
+    async fn floor_dispatch(&self, batch: i64) -> Result<u64> {
+        let failed = self.conn.error("floor: delete");
+        let coll = self.conn.collection(&self.name(DELIVERIES)).await?;
+        let ids: Vec<Bson> = all(coll
+            .find(doc! { "status": "pending" })
+            .projection(doc! { "_id": 1 })
+            .limit(batch)
+            .await
+            .map_err(&failed)?)
+        .await
+        .map_err(&failed)?
+        .into_iter()
+        .filter_map(|d| d.get("_id").cloned())
+        .collect();
+        let deleted = coll
+            .delete_many(doc! { "_id": { "$in": ids } })
+            .await
+            .map_err(&failed)?;
+        Ok(deleted.deleted_count)
+    }
+}

@@ -1,0 +1,831 @@
+//! The delivery path on MongoDB: claim, complete, fail, renew, release.
+//!
+//! A claim reads the lanes (256 small documents), the due deliveries of the lanes this worker
+//! holds, and, when those do not fill the batch, a few free or expired lanes with due work; it
+//! records the batch with one conditional update of the lane documents and writes no delivery.
+//! Each lane's update is conditioned on the lane as it was read, so a lane another worker took,
+//! or whose in-flight list a failure changed meanwhile, keeps its state and its picks are not
+//! handed out. A takeover moves `inFlight` into `lost` in the update that bumps the epoch and
+//! then charges each of them an attempt in a transaction. A completion deletes its deliveries in
+//! a transaction that reads, but never writes, the lanes: a completion and the charge of a
+//! takeover write the same delivery documents, so exactly one of them commits.
+
+use std::collections::{HashMap, HashSet};
+
+use mongodb::bson::{doc, Bson, DateTime, Document};
+use mongodb::Collection;
+
+use super::keys::{held_back, release_keys};
+use super::model::{after, all, all_in, candidate_fields, chrono, Candidate, Lane};
+use super::{MongoStore, COMPLETIONS, DELIVERIES, EVENTS, LANES, READY};
+use crate::store::mongo::json;
+use crate::store::{
+    ClaimRequest, ClaimStats, ClaimedDelivery, FailOutcome, Failure, LeaseToken, Result,
+};
+
+/// Due deliveries read beyond the batch, so that followers blocked behind a running head of
+/// their key do not leave a claim short.
+const SLACK: i64 = 100;
+/// Due deliveries a search for free lanes with work reads at most.
+const PROBE: i64 = 256;
+
+/// Losses a takeover recorded and has not charged yet.
+#[derive(Clone)]
+struct Unpaid {
+    lane: i32,
+    epoch: i64,
+    lost: Vec<String>,
+}
+
+/// What one statement of the lane update means to do.
+struct Intent {
+    lane: i32,
+    epoch: i64,
+    picks: Vec<Candidate>,
+    takeover: Option<Vec<String>>,
+    fresh: bool,
+}
+
+/// Due deliveries of these handlers in the claim index, in `lanes` when given.
+fn due(lanes: Option<Bson>, handlers: &[String], now: DateTime) -> Document {
+    let mut filter = doc! {
+        "status": "pending", "lane": READY, "dueAt": { "$lte": now },
+        "handler": { "$in": handlers },
+    };
+    if let Some(lanes) = lanes {
+        filter.insert("laneId", lanes);
+    }
+    filter
+}
+
+/// The lane as it was read: the condition of its update.
+fn as_read(l: &Lane) -> Document {
+    doc! {
+        "_id": l.lane, "epoch": l.epoch, "owner": &l.owner, "holder": &l.holder,
+        "leaseExpiresAt": l.lease_expires_at, "inFlight": &l.in_flight, "lost": &l.lost,
+    }
+}
+
+impl MongoStore {
+    pub(super) async fn lane_collection(&self) -> Result<Collection<Lane>> {
+        Ok(self.conn.database().await?.collection(&self.name(LANES)))
+    }
+
+    pub(super) async fn claim_impl(
+        &self,
+        req: &ClaimRequest,
+    ) -> Result<(Vec<ClaimedDelivery>, ClaimStats)> {
+        let now = DateTime::now();
+        let failed = self.conn.error("could not claim deliveries");
+        let lanes_coll = self.lane_collection().await?;
+        let deliveries = self.conn.collection(&self.name(DELIVERIES)).await?;
+        let mut lanes: Vec<Lane> = all(lanes_coll.find(doc! {}).await.map_err(&failed)?)
+            .await
+            .map_err(&failed)?;
+        let mine = |l: &Lane| {
+            l.live(now)
+                && l.owner.as_deref() == Some(req.owner.as_str())
+                && l.holder.as_deref() == Some(self.holder.as_str())
+        };
+        let mut stats = ClaimStats::default();
+        // Losses of an earlier takeover of ours that could not be charged come first.
+        let unpaid: Vec<Unpaid> = lanes
+            .iter()
+            .filter(|l| mine(l) && !l.lost.is_empty())
+            .map(|l| Unpaid {
+                lane: l.lane,
+                epoch: l.epoch,
+                lost: l.lost.clone(),
+            })
+            .collect();
+        stats.charged += self.charge(&unpaid, req).await?;
+        for l in lanes
+            .iter_mut()
+            .filter(|l| unpaid.iter().any(|u| u.lane == l.lane))
+        {
+            l.lost.clear();
+        }
+        let held: Vec<&Lane> = lanes.iter().filter(|l| mine(l)).collect();
+        let busy: Vec<&str> = held
+            .iter()
+            .flat_map(|l| l.in_flight.iter().map(String::as_str))
+            .collect();
+        let mut picks: Vec<Candidate> = vec![];
+        let mut blocked = vec![];
+        if !held.is_empty() {
+            let ids: Vec<i32> = held.iter().map(|l| l.lane).collect();
+            let (eligible, b) = self
+                .candidates(&deliveries, &ids, &busy, req, now, req.batch)
+                .await?;
+            picks.extend(eligible);
+            blocked.extend(b);
+        }
+        let mut fresh: Vec<&Lane> = vec![];
+        let mut takeovers: Vec<&Lane> = vec![];
+        if req.new_lanes > 0 && (picks.len() as i64) < req.batch {
+            let free: Vec<&Lane> = lanes.iter().filter(|l| !l.live(now)).collect();
+            for lane in self.probe(&deliveries, &free, req, now).await? {
+                let l = free
+                    .iter()
+                    .find(|l| l.lane == lane)
+                    .expect("probed lanes are free");
+                if l.in_flight.is_empty() && l.lost.is_empty() {
+                    fresh.push(l);
+                } else {
+                    takeovers.push(l);
+                }
+            }
+            if !fresh.is_empty() {
+                let ids: Vec<i32> = fresh.iter().map(|l| l.lane).collect();
+                let want = req.batch - picks.len() as i64;
+                let (eligible, b) = self
+                    .candidates(&deliveries, &ids, &[], req, now, want)
+                    .await?;
+                picks.extend(eligible);
+                blocked.extend(b);
+            }
+        }
+        let mut by_lane: HashMap<i32, Vec<Candidate>> = HashMap::new();
+        for p in picks {
+            by_lane.entry(p.lane_id).or_default().push(p);
+        }
+        // The lease runs from its recording on, however long the reads took.
+        let lease_until = after(DateTime::now(), req.lease);
+        let mut intents = vec![];
+        let mut updates = vec![];
+        for l in &held {
+            let running: Vec<String> = l
+                .in_flight
+                .iter()
+                .filter(|id| req.outstanding.contains(id))
+                .cloned()
+                .collect();
+            let p = by_lane.remove(&l.lane).unwrap_or_default();
+            let update = if !p.is_empty() || !running.is_empty() {
+                if p.is_empty() && running == l.in_flight {
+                    continue;
+                }
+                let in_flight: Vec<&str> = running
+                    .iter()
+                    .map(String::as_str)
+                    .chain(p.iter().map(|c| c.id.as_str()))
+                    .collect();
+                doc! { "$set": { "inFlight": in_flight, "leaseExpiresAt": lease_until } }
+            } else {
+                doc! { "$set": {
+                    "owner": Bson::Null, "holder": Bson::Null, "leaseExpiresAt": Bson::Null,
+                    "inFlight": [],
+                } }
+            };
+            updates.push(doc! { "q": as_read(l), "u": update });
+            intents.push(Intent {
+                lane: l.lane,
+                epoch: l.epoch,
+                picks: p,
+                takeover: None,
+                fresh: false,
+            });
+        }
+        let take = |l: &Lane, in_flight: Vec<&str>, lost: Vec<&str>| {
+            doc! { "q": as_read(l), "u": { "$set": {
+                "epoch": l.epoch + 1, "owner": &req.owner, "holder": &self.holder,
+                "leaseExpiresAt": lease_until, "inFlight": in_flight, "lost": lost,
+            } } }
+        };
+        for l in &fresh {
+            let Some(p) = by_lane.remove(&l.lane) else {
+                continue;
+            };
+            updates.push(take(l, p.iter().map(|c| c.id.as_str()).collect(), vec![]));
+            intents.push(Intent {
+                lane: l.lane,
+                epoch: l.epoch + 1,
+                picks: p,
+                takeover: None,
+                fresh: true,
+            });
+        }
+        for l in &takeovers {
+            let lost: Vec<String> = l.lost.iter().chain(&l.in_flight).cloned().collect();
+            updates.push(take(l, vec![], lost.iter().map(String::as_str).collect()));
+            intents.push(Intent {
+                lane: l.lane,
+                epoch: l.epoch + 1,
+                picks: vec![],
+                takeover: Some(lost),
+                fresh: true,
+            });
+        }
+        let landed = self.write_lanes(&lanes_coll, updates, intents, req).await?;
+        stats.lanes_taken = landed.iter().filter(|i| i.fresh).count() as i64;
+        let unpaid: Vec<Unpaid> = landed
+            .iter()
+            .filter_map(|i| {
+                i.takeover.as_ref().map(|lost| Unpaid {
+                    lane: i.lane,
+                    epoch: i.epoch,
+                    lost: lost.clone(),
+                })
+            })
+            .collect();
+        stats.charged += self.charge(&unpaid, req).await?;
+        self.park(&blocked).await;
+        let claimed = self.with_events(landed).await?;
+        Ok((claimed, stats))
+    }
+
+    /// The due deliveries of these lanes, lane by lane in due order: the heads of their keys
+    /// (at most `want`), and the followers blocked behind a head, with that head.
+    async fn candidates(
+        &self,
+        coll: &Collection<Document>,
+        lanes: &[i32],
+        busy: &[&str],
+        req: &ClaimRequest,
+        now: DateTime,
+        want: i64,
+    ) -> Result<(Vec<Candidate>, Vec<(String, String)>)> {
+        let failed = self.conn.error("could not read due deliveries");
+        let mut filter = due(Some(doc! { "$in": lanes }.into()), &req.handlers, now);
+        if !busy.is_empty() {
+            filter.insert("_id", doc! { "$nin": busy });
+        }
+        let limit = want + SLACK;
+        let cursor = coll
+            .clone_with_type::<Candidate>()
+            .find(filter)
+            .sort(doc! { "laneId": 1, "dueAt": 1, "_id": 1 })
+            .projection(candidate_fields())
+            .limit(limit)
+            .batch_size(limit as u32)
+            .await
+            .map_err(&failed)?;
+        let found = all(cursor).await.map_err(&failed)?;
+        let (mut eligible, blocked) = self.split_heads(&found).await?;
+        eligible.truncate(want.max(0) as usize);
+        Ok((eligible, blocked))
+    }
+
+    /// Free or expired lanes with due work, those with the oldest first (so no lane waits behind
+    /// others), `new_lanes` at most. One query merges the lanes' ranges of the claim index in due
+    /// order and stops after `PROBE` deliveries.
+    async fn probe(
+        &self,
+        coll: &Collection<Document>,
+        free: &[&Lane],
+        req: &ClaimRequest,
+        now: DateTime,
+    ) -> Result<Vec<i32>> {
+        let failed = self.conn.error("could not look for lanes with due work");
+        let lanes: Vec<i32> = free.iter().map(|l| l.lane).collect();
+        let cursor = coll
+            .find(due(Some(doc! { "$in": lanes }.into()), &req.handlers, now))
+            .sort(doc! { "dueAt": 1, "_id": 1 })
+            .projection(doc! { "laneId": 1 })
+            .limit(PROBE)
+            .batch_size(PROBE as u32)
+            .await
+            .map_err(&failed)?;
+        let mut found: Vec<i32> = vec![];
+        for d in all(cursor).await.map_err(&failed)? {
+            match d.get_i32("laneId") {
+                Ok(lane) if !found.contains(&lane) => found.push(lane),
+                _ => {}
+            }
+            if found.len() as i64 >= req.new_lanes {
+                break;
+            }
+        }
+        Ok(found)
+    }
+
+    /// Sends the lane updates as one command and returns the intents that took effect. When some
+    /// did not (another worker, or a failure, changed a lane since it was read), the lanes are
+    /// read again to tell which.
+    async fn write_lanes(
+        &self,
+        lanes: &Collection<Lane>,
+        updates: Vec<Document>,
+        intents: Vec<Intent>,
+        req: &ClaimRequest,
+    ) -> Result<Vec<Intent>> {
+        if updates.is_empty() {
+            return Ok(vec![]);
+        }
+        let failed = self.conn.error("could not record the claim on the lanes");
+        let count = updates.len() as i64;
+        let reply = self
+            .conn
+            .database()
+            .await?
+            .run_command(doc! { "update": lanes.name(), "updates": updates, "ordered": false })
+            .await
+            .map_err(&failed)?;
+        let matched = reply
+            .get_i32("n")
+            .map(i64::from)
+            .or_else(|_| reply.get_i64("n"))
+            .unwrap_or(0);
+        if matched == count {
+            return Ok(intents);
+        }
+        let ids: Vec<i32> = intents.iter().map(|i| i.lane).collect();
+        let now: HashMap<i32, Lane> = all(lanes
+            .find(doc! { "_id": { "$in": ids } })
+            .await
+            .map_err(&failed)?)
+        .await
+        .map_err(&failed)?
+        .into_iter()
+        .map(|l| (l.lane, l))
+        .collect();
+        Ok(intents
+            .into_iter()
+            .filter(|i| {
+                now.get(&i.lane).is_some_and(|l| {
+                    l.epoch == i.epoch
+                        && l.owner.as_deref() == Some(req.owner.as_str())
+                        && l.holder.as_deref() == Some(self.holder.as_str())
+                        && i.picks.iter().all(|p| l.in_flight.contains(&p.id))
+                        && i.takeover
+                            .as_ref()
+                            .is_none_or(|lost| lost.iter().all(|id| l.lost.contains(id)))
+                })
+            })
+            .collect())
+    }
+
+    /// Charges one attempt to each delivery a takeover lost (burying it at its handler's last
+    /// attempt), and clears the lanes' `lost`, in one transaction.
+    async fn charge(&self, unpaid: &[Unpaid], req: &ClaimRequest) -> Result<i64> {
+        if unpaid.is_empty() {
+            return Ok(0);
+        }
+        let deliveries = self.conn.collection(&self.name(DELIVERIES)).await?;
+        let lanes = self.conn.collection(&self.name(LANES)).await?;
+        let unpaid = unpaid.to_vec();
+        let (handlers, max_attempts) = (req.handlers.clone(), req.max_attempts.clone());
+        let max_of = move |handler: &str| {
+            handlers
+                .iter()
+                .position(|h| h == handler)
+                .and_then(|i| max_attempts.get(i).copied())
+                .unwrap_or(i32::MAX)
+        };
+        self.conn
+            .transaction("could not charge the deliveries of a taken-over lane", async move |s| {
+                let now = DateTime::now();
+                let mut charged = 0;
+                let mut buried = vec![];
+                for u in &unpaid {
+                    let cursor = deliveries
+                        .clone_with_type::<Candidate>()
+                        .find(doc! { "_id": { "$in": &u.lost }, "status": "pending" })
+                        .projection(candidate_fields())
+                        .session(&mut *s)
+                        .await?;
+                    let found = all_in(cursor, s).await?;
+                    let error = format!(
+                        "lease lost: the worker holding lane {} stopped without completing",
+                        u.lane
+                    );
+                    for dead in [false, true] {
+                        let ids: Vec<&str> = found
+                            .iter()
+                            .filter(|c| (c.attempts.saturating_add(1) >= max_of(&c.handler)) == dead)
+                            .map(|c| c.id.as_str())
+                            .collect();
+                        if ids.is_empty() {
+                            continue;
+                        }
+                        let status = if dead { "dead" } else { "pending" };
+                        deliveries
+                            .update_many(
+                                doc! { "_id": { "$in": &ids }, "status": "pending" },
+                                doc! {
+                                    "$inc": { "attempts": 1, "claims": 1 },
+                                    "$set": { "status": status, "lastError": &error, "updatedAt": now },
+                                },
+                            )
+                            .session(&mut *s)
+                            .await?;
+                    }
+                    buried.extend(
+                        found
+                            .iter()
+                            .filter(|c| c.attempts.saturating_add(1) >= max_of(&c.handler))
+                            .cloned(),
+                    );
+                    charged += found.len() as i64;
+                    lanes
+                        .update_one(
+                            doc! { "_id": u.lane, "epoch": u.epoch },
+                            doc! { "$set": { "lost": [] } },
+                        )
+                        .session(&mut *s)
+                        .await?;
+                }
+                release_keys(&deliveries, s, &held_back(&buried)).await?;
+                Ok(charged)
+            })
+            .await
+    }
+
+    /// The claimed deliveries with their events, held lanes first.
+    async fn with_events(&self, landed: Vec<Intent>) -> Result<Vec<ClaimedDelivery>> {
+        let picks: Vec<(i64, Candidate)> = landed
+            .into_iter()
+            .flat_map(|i| {
+                let epoch = i.epoch;
+                i.picks.into_iter().map(move |p| (epoch, p))
+            })
+            .collect();
+        if picks.is_empty() {
+            return Ok(vec![]);
+        }
+        let failed = self.conn.error("could not read the claimed events");
+        let mut ids: Vec<&str> = picks.iter().map(|(_, p)| p.event_id.as_str()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let events = self.conn.collection(&self.name(EVENTS)).await?;
+        let cursor = events
+            .find(doc! { "_id": { "$in": &ids } })
+            .batch_size(ids.len().max(1) as u32)
+            .await
+            .map_err(&failed)?;
+        let events: HashMap<String, Document> = all(cursor)
+            .await
+            .map_err(&failed)?
+            .into_iter()
+            .filter_map(|e| Some((e.get_str("_id").ok()?.to_owned(), e)))
+            .collect();
+        Ok(picks
+            .into_iter()
+            .filter_map(|(epoch, p)| {
+                let e = events.get(&p.event_id)?;
+                Some(ClaimedDelivery {
+                    token: LeaseToken {
+                        delivery_id: p.id,
+                        lane: p.lane_id as i16,
+                        epoch,
+                        claims: p.claims,
+                    },
+                    handler: p.handler,
+                    attempts: p.attempts,
+                    event_type: e.get_str("type").unwrap_or_default().to_owned(),
+                    key: e.get_str("key").ok().map(str::to_owned),
+                    payload: e.get("payload").map(json::to_json).unwrap_or_default(),
+                    headers: e
+                        .get("headers")
+                        .map(json::to_json)
+                        .unwrap_or_else(|| serde_json::json!({})),
+                    created_at: e
+                        .get_datetime("createdAt")
+                        .map(|d| chrono(*d))
+                        .unwrap_or_default(),
+                    event_id: p.event_id,
+                })
+            })
+            .collect())
+    }
+
+    pub(super) async fn complete_impl(
+        &self,
+        tokens: &[LeaseToken],
+        history: bool,
+    ) -> Result<Vec<String>> {
+        if tokens.is_empty() {
+            return Ok(vec![]);
+        }
+        let lanes = self.lane_collection().await?;
+        let deliveries = self.conn.collection(&self.name(DELIVERIES)).await?;
+        let completions = self.conn.collection(&self.name(COMPLETIONS)).await?;
+        let mut lane_ids: Vec<i32> = tokens.iter().map(|t| i32::from(t.lane)).collect();
+        lane_ids.sort_unstable();
+        lane_ids.dedup();
+        let tokens = tokens.to_vec();
+        #[cfg(test)]
+        let mut pause = self.completion_pause.lock().expect("pause lock").take();
+        self.conn
+            .transaction("could not complete deliveries", async move |s| {
+                let cursor = lanes
+                    .find(doc! { "_id": { "$in": &lane_ids } })
+                    .session(&mut *s)
+                    .await?;
+                let read: HashMap<i32, Lane> = all_in(cursor, s)
+                    .await?
+                    .into_iter()
+                    .map(|l| (l.lane, l))
+                    .collect();
+                let valid: HashMap<&str, i32> = tokens
+                    .iter()
+                    .filter(|t| {
+                        read.get(&i32::from(t.lane)).is_some_and(|l| {
+                            l.epoch == t.epoch && l.in_flight.contains(&t.delivery_id)
+                        })
+                    })
+                    .map(|t| (t.delivery_id.as_str(), t.claims))
+                    .collect();
+                if valid.is_empty() {
+                    return Ok(vec![]);
+                }
+                let ids: Vec<&str> = valid.keys().copied().collect();
+                let cursor = deliveries
+                    .clone_with_type::<Candidate>()
+                    .find(doc! { "_id": { "$in": &ids } })
+                    .projection(candidate_fields())
+                    .session(&mut *s)
+                    .await?;
+                let done: Vec<Candidate> = all_in(cursor, s)
+                    .await?
+                    .into_iter()
+                    .filter(|c| valid.get(c.id.as_str()) == Some(&c.claims))
+                    .collect();
+                if done.is_empty() {
+                    return Ok(vec![]);
+                }
+                #[cfg(test)]
+                if let Some(p) = pause.take() {
+                    p.hold().await;
+                }
+                let done_ids: Vec<&str> = done.iter().map(|c| c.id.as_str()).collect();
+                deliveries
+                    .delete_many(doc! { "_id": { "$in": &done_ids } })
+                    .session(&mut *s)
+                    .await?;
+                if history {
+                    let now = DateTime::now();
+                    let entries = done.iter().map(|c| {
+                        doc! {
+                            "eventId": &c.event_id, "handler": &c.handler,
+                            "attempts": c.attempts + 1, "completedAt": now,
+                        }
+                    });
+                    completions.insert_many(entries).session(&mut *s).await?;
+                }
+                release_keys(&deliveries, s, &held_back(&done)).await?;
+                Ok(done.into_iter().map(|c| c.id).collect())
+            })
+            .await
+    }
+
+    pub(super) async fn fail_impl(
+        &self,
+        token: &LeaseToken,
+        failure: &Failure,
+        error: &str,
+    ) -> Result<FailOutcome> {
+        let lanes = self.conn.collection(&self.name(LANES)).await?;
+        let deliveries = self.conn.collection(&self.name(DELIVERIES)).await?;
+        let lane = i32::from(token.lane);
+        let (token, failure, error) = (token.clone(), failure.clone(), error.to_owned());
+        self.conn
+            .transaction("could not record the failed attempt", async move |s| {
+                let fenced = lanes
+                    .find_one(doc! {
+                        "_id": lane, "epoch": token.epoch, "inFlight": &token.delivery_id,
+                    })
+                    .session(&mut *s)
+                    .await?;
+                let found = match fenced {
+                    None => None,
+                    Some(_) => {
+                        deliveries
+                            .clone_with_type::<Candidate>()
+                            .find_one(doc! { "_id": &token.delivery_id, "claims": token.claims })
+                            .projection(candidate_fields())
+                            .session(&mut *s)
+                            .await?
+                    }
+                };
+                let Some(d) = found else {
+                    return Ok(FailOutcome::LeaseLost);
+                };
+                let now = DateTime::now();
+                let (dead, due_at) = match &failure {
+                    Failure::Reject => (true, None),
+                    Failure::Retry {
+                        delay,
+                        max_attempts,
+                    } => {
+                        let dead = d.attempts.saturating_add(1) >= *max_attempts;
+                        (dead, (!dead).then(|| after(now, *delay)))
+                    }
+                };
+                let mut set = doc! {
+                    "status": if dead { "dead" } else { "pending" },
+                    "lastError": &error, "updatedAt": now,
+                };
+                if let Some(at) = due_at {
+                    set.insert("dueAt", at);
+                }
+                deliveries
+                    .update_one(
+                        doc! { "_id": &d.id, "claims": d.claims },
+                        doc! { "$inc": { "attempts": 1, "claims": 1 }, "$set": set },
+                    )
+                    .session(&mut *s)
+                    .await?;
+                lanes
+                    .update_one(
+                        doc! { "_id": lane, "epoch": token.epoch },
+                        doc! { "$pull": { "inFlight": &d.id } },
+                    )
+                    .session(&mut *s)
+                    .await?;
+                if !dead {
+                    return Ok(FailOutcome::Rescheduled);
+                }
+                release_keys(&deliveries, s, &held_back(std::slice::from_ref(&d))).await?;
+                Ok(FailOutcome::Buried)
+            })
+            .await
+    }
+
+    pub(super) async fn renew_impl(&self, owner: &str, lease: std::time::Duration) -> Result<u64> {
+        let lanes = self.conn.collection(&self.name(LANES)).await?;
+        let updated = lanes
+            .update_many(
+                doc! { "owner": owner, "holder": &self.holder, "inFlight.0": { "$exists": true } },
+                doc! { "$set": { "leaseExpiresAt": after(DateTime::now(), lease) } },
+            )
+            .await
+            .map_err(self.conn.error("could not renew lane leases"))?;
+        Ok(updated.matched_count)
+    }
+
+    pub(super) async fn release_impl(&self, owner: &str, aborted: &[LeaseToken]) -> Result<u64> {
+        let lanes = self.lane_collection().await?;
+        let deliveries = self.conn.collection(&self.name(DELIVERIES)).await?;
+        let mine = doc! { "owner": owner, "holder": &self.holder };
+        let aborted = aborted.to_vec();
+        self.conn
+            .transaction("could not hand back the lanes", async move |s| {
+                let cursor = lanes.find(mine.clone()).session(&mut *s).await?;
+                let held: HashMap<i32, Lane> = all_in(cursor, s)
+                    .await?
+                    .into_iter()
+                    .map(|l| (l.lane, l))
+                    .collect();
+                let released: Vec<Document> = aborted
+                    .iter()
+                    .filter(|t| {
+                        held.get(&i32::from(t.lane)).is_some_and(|l| {
+                            l.epoch == t.epoch && l.in_flight.contains(&t.delivery_id)
+                        })
+                    })
+                    .map(|t| doc! { "_id": &t.delivery_id, "claims": t.claims })
+                    .collect();
+                if !released.is_empty() {
+                    deliveries
+                        .update_many(doc! { "$or": released }, doc! { "$inc": { "claims": 1 } })
+                        .session(&mut *s)
+                        .await?;
+                }
+                let freed = lanes
+                    .update_many(
+                        mine.clone(),
+                        doc! { "$set": {
+                            "owner": Bson::Null, "holder": Bson::Null,
+                            "leaseExpiresAt": Bson::Null, "inFlight": [],
+                        } },
+                    )
+                    .session(&mut *s)
+                    .await?;
+                Ok(freed.matched_count)
+            })
+            .await
+    }
+
+    pub(super) async fn due_exists_impl(&self, handlers: &[String]) -> Result<bool> {
+        let deliveries = self.conn.collection(&self.name(DELIVERIES)).await?;
+        let filter = due(None, handlers, DateTime::now());
+        let found = deliveries
+            .find_one(filter)
+            .projection(doc! { "_id": 1 })
+            .await
+            .map_err(self.conn.error("could not look for due deliveries"))?;
+        Ok(found.is_some())
+    }
+
+    /// Ids in flight under live leases, for listings and statistics.
+    pub(super) async fn in_flight(&self) -> Result<HashSet<String>> {
+        let failed = self.conn.error("could not read the lanes");
+        let now = DateTime::now();
+        let lanes = all(self
+            .lane_collection()
+            .await?
+            .find(doc! { "leaseExpiresAt": { "$gt": now } })
+            .await
+            .map_err(&failed)?)
+        .await
+        .map_err(&failed)?;
+        Ok(lanes.into_iter().flat_map(|l| l.in_flight).collect())
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio::sync::Notify;
+
+    use crate::store::mongo::MongoStore;
+    use crate::store::{ClaimRequest, EventLimits, Namespace, NewEvent, Store, StoreOptions};
+
+    /// Where a paused completion tells it has read, and waits to be let go.
+    pub(in crate::store::mongo) struct Pause {
+        reached: Arc<Notify>,
+        resume: Arc<Notify>,
+    }
+
+    impl Pause {
+        pub(in crate::store::mongo) async fn hold(self) {
+            self.reached.notify_one();
+            self.resume.notified().await;
+        }
+    }
+
+    fn store(database: &str) -> MongoStore {
+        let url = std::env::var("RELAYBUS_TEST_MONGODB_URL")
+            .unwrap_or_else(|_| "mongodb://127.0.0.1:27017/?directConnection=true".into());
+        let ns = Namespace::for_mongo(database, "relaybus_").unwrap();
+        MongoStore::open(&url, ns, StoreOptions::worker(2)).unwrap()
+    }
+
+    fn request(owner: &str, lease: Duration) -> ClaimRequest {
+        ClaimRequest {
+            owner: owner.into(),
+            handlers: vec!["h".into()],
+            max_attempts: vec![25],
+            batch: 10,
+            new_lanes: 256,
+            lease,
+            outstanding: vec![],
+        }
+    }
+
+    /// The seed's case: a completion whose transaction read the lane and the delivery before a
+    /// takeover committed loses to it, runs again, finds the new epoch and reports the lease
+    /// lost; the delivery runs again under the new holder, charged one attempt.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_completion_that_started_before_a_takeover_reports_the_lease_lost() {
+        let database = format!("u{}_completion_vs_takeover", std::process::id());
+        let first = Arc::new(store(&database));
+        let second = store(&database);
+        first.setup(false).await.unwrap();
+        let e1 = NewEvent::new(
+            "e1".into(),
+            "t".into(),
+            None,
+            serde_json::json!({}),
+            Default::default(),
+            vec!["h".into()],
+            &EventLimits {
+                max_payload_bytes: 1000,
+            },
+        )
+        .unwrap();
+        first.publish(&[e1]).await.unwrap();
+        let (claimed, _) = first
+            .claim(&request("w1", Duration::from_millis(300)))
+            .await
+            .unwrap();
+        let token = claimed[0].token.clone();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let (reached, resume) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        *first.completion_pause.lock().unwrap() = Some(Pause {
+            reached: Arc::clone(&reached),
+            resume: Arc::clone(&resume),
+        });
+        let completion = tokio::spawn({
+            let (first, token) = (Arc::clone(&first), token.clone());
+            async move { first.complete(&[token], false).await.unwrap() }
+        });
+        reached.notified().await;
+        let (none, stats) = second
+            .claim(&request("w2", Duration::from_secs(30)))
+            .await
+            .unwrap();
+        resume.notify_one();
+        let completed = completion.await.unwrap();
+        let (again, _) = second
+            .claim(&request("w2", Duration::from_secs(30)))
+            .await
+            .unwrap();
+        let tokens: Vec<_> = again
+            .iter()
+            .map(|d| (d.token.epoch, d.token.claims, d.attempts))
+            .collect();
+        let done = second
+            .complete(&[again[0].token.clone()], false)
+            .await
+            .unwrap();
+        first.conn.database().await.unwrap().drop().await.unwrap();
+        assert_eq!((none.len(), stats.charged, stats.lanes_taken), (0, 1, 1));
+        assert_eq!(completed, Vec::<String>::new());
+        assert_eq!(tokens, [(token.epoch + 1, 1, 1)]);
+        assert_eq!(done, [token.delivery_id]);
+    }
+}

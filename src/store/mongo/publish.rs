@@ -1,0 +1,217 @@
+//! Publishing on MongoDB: one transaction per batch reads the events published before, reserves
+//! the key sequences, and inserts events and deliveries, so a batch is all or nothing. A
+//! republish adds deliveries only for handlers the event never had, and must say what the first
+//! publish said. The sequence counters are written in the transaction, so two batches of one key
+//! conflict and one runs again after the other committed: sequence order is commit order.
+
+use std::collections::HashMap;
+
+use mongodb::bson::{doc, Bson, DateTime, Document};
+
+use super::json;
+use super::model::all_in;
+use super::{MongoStore, DELIVERIES, EVENTS, KEY_SEQUENCES, READY};
+use crate::store::lane::lane_of;
+use crate::store::{NewEvent, PublishedDelivery, Result, StoreError, CONFLICT_WITH_STORED};
+
+/// An event as it is stored, with its deliveries' ids chosen once for every run of the
+/// transaction.
+struct Prepared {
+    event: NewEvent,
+    payload: Bson,
+    headers: Document,
+    lane: i32,
+    delivery_ids: Vec<String>,
+}
+
+enum Published {
+    Deliveries(Vec<PublishedDelivery>),
+    Conflict(String),
+}
+
+impl MongoStore {
+    pub(super) async fn publish_impl(&self, events: &[NewEvent]) -> Result<Vec<PublishedDelivery>> {
+        if events.is_empty() {
+            return Ok(vec![]);
+        }
+        let events = NewEvent::unite(events)?;
+        let prepared: Vec<Prepared> = events
+            .into_iter()
+            .map(|e| {
+                let invalid = |reason: String| StoreError::InvalidEvent {
+                    position: format!("`{}`", e.id),
+                    reason,
+                };
+                Ok(Prepared {
+                    payload: json::to_bson(&e.payload).map_err(invalid)?,
+                    headers: json::to_document(&e.headers).map_err(invalid)?,
+                    lane: i32::from(lane_of(e.key.as_deref(), &e.id)),
+                    delivery_ids: e
+                        .handlers
+                        .iter()
+                        .map(|_| uuid::Uuid::now_v7().to_string())
+                        .collect(),
+                    event: e,
+                })
+            })
+            .collect::<Result<_>>()?;
+        let db = self.conn.database().await?;
+        let events_coll = db.collection::<Document>(&self.name(EVENTS));
+        let deliveries = db.collection::<Document>(&self.name(DELIVERIES));
+        let sequences = self.name(KEY_SEQUENCES);
+        let outcome = self
+            .conn
+            .transaction("could not publish the batch; nothing of it was written", async move |s| {
+                let ids: Vec<&str> = prepared.iter().map(|p| p.event.id.as_str()).collect();
+                let cursor = events_coll
+                    .find(doc! { "_id": { "$in": &ids } })
+                    .session(&mut *s)
+                    .await?;
+                let prior: HashMap<String, Document> = all_in(cursor, s)
+                    .await?
+                    .into_iter()
+                    .filter_map(|d| Some((d.get_str("_id").ok()?.to_owned(), d)))
+                    .collect();
+                for p in &prepared {
+                    if prior.get(&p.event.id).is_some_and(|stored| !same_content(stored, p)) {
+                        return Ok(Published::Conflict(p.event.id.clone()));
+                    }
+                }
+                // Per event: the handlers it never had.
+                let fresh: Vec<Vec<usize>> = prepared
+                    .iter()
+                    .map(|p| {
+                        let had: Vec<&str> = prior
+                            .get(&p.event.id)
+                            .and_then(|d| d.get_array("handlers").ok())
+                            .map(|a| a.iter().filter_map(Bson::as_str).collect())
+                            .unwrap_or_default();
+                        (0..p.event.handlers.len())
+                            .filter(|&i| !had.contains(&p.event.handlers[i].as_str()))
+                            .collect()
+                    })
+                    .collect();
+                let mut per_key: Vec<(&str, i64)> = vec![];
+                for (p, f) in prepared.iter().zip(&fresh) {
+                    if let (Some(key), false) = (p.event.key.as_deref(), f.is_empty()) {
+                        match per_key.iter_mut().find(|(k, _)| *k == key) {
+                            Some((_, n)) => *n += 1,
+                            None => per_key.push((key, 1)),
+                        }
+                    }
+                }
+                per_key.sort_unstable();
+                let mut last: HashMap<String, i64> = HashMap::new();
+                if !per_key.is_empty() {
+                    let updates: Vec<Document> = per_key
+                        .iter()
+                        .map(|(key, n)| {
+                            doc! { "q": { "_id": key }, "u": { "$inc": { "lastSequence": n } }, "upsert": true }
+                        })
+                        .collect();
+                    db.run_command(doc! { "update": &sequences, "updates": updates, "ordered": true })
+                        .session(&mut *s)
+                        .await?;
+                    let keys: Vec<&str> = per_key.iter().map(|(k, _)| *k).collect();
+                    let cursor = db
+                        .collection::<Document>(&sequences)
+                        .find(doc! { "_id": { "$in": keys } })
+                        .session(&mut *s)
+                        .await?;
+                    for d in all_in(cursor, s).await? {
+                        if let (Ok(k), Some(n)) = (d.get_str("_id"), d.get("lastSequence")) {
+                            last.insert(k.to_owned(), bson_i64(n));
+                        }
+                    }
+                }
+                // Sequences in batch order: a key's reserved block ends at its counter.
+                let mut next: HashMap<&str, i64> = per_key
+                    .iter()
+                    .map(|(k, n)| (*k, last.get(*k).copied().unwrap_or(*n) - n + 1))
+                    .collect();
+                let now = DateTime::now();
+                let mut new_events = vec![];
+                let mut grown = vec![];
+                let mut new_deliveries = vec![];
+                let mut published = vec![];
+                for (p, f) in prepared.iter().zip(&fresh) {
+                    if f.is_empty() {
+                        continue;
+                    }
+                    let handlers: Vec<&str> =
+                        f.iter().map(|&i| p.event.handlers[i].as_str()).collect();
+                    if prior.contains_key(&p.event.id) {
+                        grown.push(doc! {
+                            "q": { "_id": &p.event.id },
+                            "u": { "$push": { "handlers": { "$each": &handlers } } },
+                        });
+                    } else {
+                        new_events.push(doc! {
+                            "_id": &p.event.id, "type": &p.event.event_type, "key": &p.event.key,
+                            "payload": p.payload.clone(), "headers": p.headers.clone(),
+                            "handlers": &handlers, "createdAt": now,
+                        });
+                    }
+                    let sequence = p.event.key.as_deref().map(|k| {
+                        let n = next.get_mut(k).expect("every fresh key has a block");
+                        *n += 1;
+                        *n - 1
+                    });
+                    for &i in f {
+                        let id = &p.delivery_ids[i];
+                        new_deliveries.push(doc! {
+                            "_id": id, "eventId": &p.event.id, "handler": &p.event.handlers[i],
+                            "laneId": p.lane, "key": &p.event.key, "sequence": sequence,
+                            "status": "pending", "attempts": 0, "claims": 0, "dueAt": now,
+                            "lastError": Bson::Null, "createdAt": now, "updatedAt": now,
+                            "completedAt": Bson::Null, "lane": READY,
+                        });
+                        published.push(PublishedDelivery {
+                            event_id: p.event.id.clone(),
+                            handler: p.event.handlers[i].clone(),
+                            delivery_id: id.clone(),
+                        });
+                    }
+                }
+                if !new_events.is_empty() {
+                    events_coll.insert_many(new_events).session(&mut *s).await?;
+                }
+                if !grown.is_empty() {
+                    db.run_command(doc! { "update": events_coll.name(), "updates": grown })
+                        .session(&mut *s)
+                        .await?;
+                }
+                if !new_deliveries.is_empty() {
+                    deliveries.insert_many(new_deliveries).session(&mut *s).await?;
+                }
+                Ok(Published::Deliveries(published))
+            })
+            .await?;
+        match outcome {
+            Published::Deliveries(published) => Ok(published),
+            Published::Conflict(id) => Err(StoreError::ConflictingEvent {
+                id,
+                why: CONFLICT_WITH_STORED,
+            }),
+        }
+    }
+}
+
+pub(super) fn bson_i64(value: &Bson) -> i64 {
+    match value {
+        Bson::Int32(i) => i64::from(*i),
+        Bson::Int64(i) => *i,
+        Bson::Double(f) => *f as i64,
+        _ => 0,
+    }
+}
+
+/// Whether a stored event says what this publish says: type, key, payload and headers, the
+/// numbers compared as the handler would read them.
+fn same_content(stored: &Document, p: &Prepared) -> bool {
+    let e = &p.event;
+    stored.get_str("type").ok() == Some(e.event_type.as_str())
+        && stored.get_str("key").ok() == e.key.as_deref()
+        && stored.get("payload").map(json::to_json) == Some(json::to_json(&p.payload))
+        && stored.get_document("headers").map(json::object).ok() == Some(json::object(&p.headers))
+}

@@ -1,0 +1,128 @@
+//! The MongoDB test server (RELAYBUS_TEST_MONGODB_URL, default the local replica-set-like
+//! server on 27017): a database of its own per test, dropped when the test ends.
+
+use assert_cmd::Command;
+use mongodb::bson::{doc, Bson, Document};
+use relaybus::store::{AnyStore, Namespace, StoreOptions};
+
+use super::{relaybus, runtime, unique};
+
+pub fn mongo_url() -> String {
+    std::env::var("RELAYBUS_TEST_MONGODB_URL")
+        .unwrap_or_else(|_| "mongodb://127.0.0.1:27017/?directConnection=true".into())
+}
+
+fn client() -> mongodb::Client {
+    runtime().block_on(async {
+        mongodb::Client::with_uri_str(mongo_url())
+            .await
+            .expect("the MongoDB test server is reachable (set RELAYBUS_TEST_MONGODB_URL)")
+    })
+}
+
+/// A database of its own for one test.
+pub struct TestMongo {
+    pub name: String,
+    client: mongodb::Client,
+}
+
+impl TestMongo {
+    /// An empty database name (nothing created yet).
+    pub fn new(test: &str) -> Self {
+        Self {
+            name: unique(test),
+            client: client(),
+        }
+    }
+
+    /// A database with relaybus installed by `relaybus setup`.
+    pub fn installed(test: &str) -> Self {
+        let m = Self::new(test);
+        m.cmd().arg("setup").assert().success();
+        m
+    }
+
+    /// A database holding the reconstructed 0.1 store of `sql/fixtures/mongo-store-0.1.json`.
+    pub fn with_fixture_0_1(test: &str) -> Self {
+        let m = Self::new(test);
+        let fixture: serde_json::Value =
+            serde_json::from_str(include_str!("../../sql/fixtures/mongo-store-0.1.json")).unwrap();
+        let db = m.client.database(&m.name);
+        runtime().block_on(async {
+            for (name, c) in fixture["collections"].as_object().unwrap() {
+                let collection = format!("relaybus_{name}");
+                db.create_collection(&collection).await.unwrap();
+                let indexes: Vec<Bson> = c["indexes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|i| Bson::try_from(i.clone()).unwrap())
+                    .collect();
+                if !indexes.is_empty() {
+                    db.run_command(doc! { "createIndexes": &collection, "indexes": indexes })
+                        .await
+                        .unwrap();
+                }
+                let docs: Vec<Document> = c["documents"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| match Bson::try_from(d.clone()).unwrap() {
+                        Bson::Document(d) => d,
+                        other => panic!("not a document: {other}"),
+                    })
+                    .collect();
+                db.collection::<Document>(&collection)
+                    .insert_many(docs)
+                    .await
+                    .unwrap();
+            }
+        });
+        m
+    }
+
+    pub fn namespace(&self) -> Namespace {
+        Namespace::for_mongo(&self.name, "relaybus_").unwrap()
+    }
+
+    pub fn store(&self, options: StoreOptions) -> AnyStore {
+        relaybus::store::open(Some(&mongo_url()), self.namespace(), options).unwrap()
+    }
+
+    /// The binary, pointed at this database.
+    pub fn cmd(&self) -> Command {
+        let mut cmd = relaybus();
+        cmd.env("RELAYBUS_DATABASE_URL", mongo_url())
+            .env_remove("RELAYBUS_WEBHOOK_SECRET")
+            .args(["--schema", &self.name]);
+        cmd
+    }
+
+    /// A collection of the store, by its name without the prefix.
+    pub fn collection(&self, name: &str) -> mongodb::Collection<Document> {
+        self.client
+            .database(&self.name)
+            .collection(&format!("relaybus_{name}"))
+    }
+
+    /// Every document of a collection matching `filter`, in `_id` order.
+    pub fn find(&self, name: &str, filter: Document) -> Vec<Document> {
+        use futures_util::TryStreamExt;
+        runtime().block_on(async {
+            self.collection(name)
+                .find(filter)
+                .sort(mongodb::bson::doc! { "_id": 1 })
+                .await
+                .unwrap()
+                .try_collect()
+                .await
+                .unwrap()
+        })
+    }
+}
+
+impl Drop for TestMongo {
+    fn drop(&mut self) {
+        let _ = runtime().block_on(async { self.client.database(&self.name).drop().await });
+    }
+}

@@ -1,0 +1,744 @@
+//! The MongoDB store end to end: the README's walk-through with the same output shapes as on
+//! PostgreSQL, the 0.1 conversion of the fixture, the seed's concurrency cases, parking,
+//! exactly-once across worker processes, `kill -9`, and `schema-sql` rendered without a
+//! server.
+
+use std::collections::HashMap;
+use std::process::{Command as StdCommand, Stdio};
+use std::time::Duration;
+
+use mongodb::bson::{doc, Bson, Document};
+use relaybus::store::{ClaimRequest, EventLimits, NewEvent, Store, StoreOptions};
+use serde_json::{json, Value};
+
+use crate::common::http::serve;
+use crate::common::mongo::{mongo_url, TestMongo};
+use crate::common::{finish, runtime, stderr, stdout, wait_until, Spawned, TestSchema};
+
+/// A command of the walk-through, on either engine.
+struct Engine {
+    url: String,
+    schema: String,
+}
+
+impl Engine {
+    fn cmd(&self) -> assert_cmd::Command {
+        let mut cmd = crate::common::relaybus();
+        cmd.env("RELAYBUS_DATABASE_URL", &self.url)
+            .env_remove("RELAYBUS_WEBHOOK_SECRET")
+            .args(["--schema", &self.schema]);
+        cmd
+    }
+
+    /// Runs a step, asserting success; its stdout.
+    fn step(&self, args: &[&str], stdin: &str) -> String {
+        let out = self.cmd().args(args).write_stdin(stdin).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        stdout(&out)
+    }
+}
+
+/// A JSON value with what differs between runs replaced: ids, times, durations and epochs.
+fn shape(v: &Value) -> Value {
+    let uuid =
+        |s: &str| s.len() == 36 && s.chars().filter(|c| *c == '-').count() == 4 && s.is_ascii();
+    let time = |s: &str| s.len() >= 19 && s.as_bytes()[4] == b'-' && s.as_bytes()[10] == b'T';
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| {
+                    let v = match k.as_str() {
+                        "lag_seconds" | "epoch" | "lane_epoch" | "seconds" => {
+                            json!(if v.is_null() { "null" } else { "<n>" })
+                        }
+                        _ => shape(v),
+                    };
+                    (k.clone(), v)
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(shape).collect()),
+        Value::String(s) if uuid(s) => json!("<id>"),
+        Value::String(s) if time(s) => json!("<time>"),
+        other => other.clone(),
+    }
+}
+
+/// The walk-through of README's "Try it": every step's output, with ids and times replaced.
+fn walk_through(engine: &Engine) -> Vec<Value> {
+    let hook = serve(vec![(200, "", "ok")]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("handlers.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[handlers.billing]\nwebhook = \"{}\"\n\n[handlers.email]\nexec = \"exit 65\"\n",
+            hook.url
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let events = [
+        json!({"id": "o1", "type": "order.paid", "key": "c1", "payload": {"amount": 12.50}}),
+        json!({"id": "o2", "type": "order.paid", "key": "c1", "payload": {"amount": 3}}),
+        json!({"id": "o3", "type": "user.new", "payload": {"n": 123456789012345678901234567890_u128}}),
+    ];
+    let lines: Vec<String> = events.iter().map(Value::to_string).collect();
+    let mut seen = vec![];
+    let text = |s: String| json!(s);
+    let parsed = |s: String| shape(&serde_json::from_str::<Value>(&s).unwrap());
+    seen.push(parsed(engine.step(&["setup", "--json"], "")));
+    seen.push(text(engine.step(
+        &["publish", "--handler", "billing", "--handler", "email"],
+        &lines.join("\n"),
+    )));
+    seen.push(text(
+        engine.step(&["run", "--config", config, "--drain"], ""),
+    ));
+    assert_eq!(hook.requests.lock().unwrap().len(), 3);
+    seen.push(parsed(engine.step(&["dead", "list", "--json"], "")));
+    seen.push(parsed(engine.step(&["stats", "--json"], "")));
+    seen.push(text(
+        engine.step(&["dead", "requeue", "--handler", "email", "--yes"], ""),
+    ));
+    seen.push(parsed(engine.step(&["deliveries", "list", "--json"], "")));
+    seen.push(text(engine.step(
+        &[
+            "run",
+            "--handler",
+            "email",
+            "--exec",
+            "cat >/dev/null",
+            "--drain",
+        ],
+        "",
+    )));
+    seen.push(parsed(engine.step(&["events", "show", "o3", "--json"], "")));
+    seen.push(parsed(engine.step(&["lanes", "--json"], "")));
+    seen.push(parsed(engine.step(
+        &[
+            "purge",
+            "--completed-older-than",
+            "0s",
+            "--dead-older-than",
+            "0s",
+            "--yes",
+            "--json",
+        ],
+        "",
+    )));
+    seen.push(parsed(engine.step(&["stats", "--json"], "")));
+    seen
+}
+
+#[test]
+fn the_walk_through_gives_the_same_output_on_mongodb_as_on_postgresql() {
+    let pg = TestSchema::new("walk_pg");
+    let mongo = TestMongo::new("walk_mongo");
+    let on_pg = walk_through(&Engine {
+        url: crate::common::database_url(),
+        schema: pg.name.clone(),
+    });
+    let on_mongo = walk_through(&Engine {
+        url: mongo_url(),
+        schema: mongo.name.clone(),
+    });
+    assert_eq!(on_pg.len(), on_mongo.len());
+    for (i, (p, m)) in on_pg.iter().zip(&on_mongo).enumerate() {
+        assert_eq!(p, m, "step {i}:\nPostgreSQL {p:#}\nMongoDB {m:#}");
+    }
+    // The exact payload reached the store and the handler.
+    assert_eq!(
+        on_mongo[8]["payload"],
+        json!({"n": 123456789012345678901234567890_u128})
+    );
+    assert_eq!(
+        on_mongo[2],
+        json!("handled 3, failed attempts 0, dead 3, lease lost 0, released 0\n")
+    );
+}
+
+fn event(id: &str, key: Option<&str>) -> NewEvent {
+    NewEvent::new(
+        id.into(),
+        "t".into(),
+        key.map(Into::into),
+        json!({"id": id}),
+        Default::default(),
+        vec!["h".into()],
+        &EventLimits {
+            max_payload_bytes: 1 << 20,
+        },
+    )
+    .unwrap()
+}
+
+fn request(owner: &str, lease: Duration) -> ClaimRequest {
+    ClaimRequest {
+        owner: owner.into(),
+        handlers: vec!["h".into()],
+        max_attempts: vec![25],
+        batch: 10,
+        new_lanes: 256,
+        lease,
+        outstanding: vec![],
+    }
+}
+
+/// A process that restarts and reuses its owner name is another store instance: it does not
+/// adopt the live lanes of its dead predecessor, and takes them over once their lease expires.
+#[test]
+fn a_restarted_worker_with_the_same_owner_name_does_not_adopt_live_lanes() {
+    let m = TestMongo::new("restarted_owner");
+    let dead = m.store(StoreOptions::worker(2));
+    let restarted = m.store(StoreOptions::worker(2));
+    runtime().block_on(async {
+        dead.setup(false).await.unwrap();
+        dead.publish(&[event("e1", None)]).await.unwrap();
+        let lease = Duration::from_millis(500);
+        assert_eq!(dead.claim(&request("w", lease)).await.unwrap().0.len(), 1);
+        let (none, stats) = restarted.claim(&request("w", lease)).await.unwrap();
+        assert_eq!((none.len(), stats.charged, stats.lanes_taken), (0, 0, 0));
+        assert_eq!(restarted.renew("w", lease).await.unwrap(), 0);
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let (none, stats) = restarted.claim(&request("w", lease)).await.unwrap();
+        assert_eq!((none.len(), stats.charged, stats.lanes_taken), (0, 1, 1));
+        let again = restarted.claim(&request("w", lease)).await.unwrap().0;
+        assert_eq!((again[0].event_id.as_str(), again[0].attempts), ("e1", 1));
+    });
+}
+
+/// A deep queue behind one running delivery of a key: the first claim parks the followers it
+/// reads (out of the claim index), each completion readies exactly the next one, and the key
+/// runs in order.
+#[test]
+fn followers_of_a_running_key_are_parked_and_released_one_at_a_time() {
+    let m = TestMongo::new("parking");
+    let store = m.store(StoreOptions::worker(2));
+    let parked = || {
+        m.find("deliveries", doc! { "lane": "parked" })
+            .iter()
+            .map(|d| d.get_str("eventId").unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    runtime().block_on(async {
+        store.setup(false).await.unwrap();
+        let events: Vec<NewEvent> = (0..30)
+            .map(|i| event(&format!("e{i:02}"), Some("k")))
+            .collect();
+        store.publish(&events).await.unwrap();
+    });
+    let req = request("w", Duration::from_secs(30));
+    let first = runtime().block_on(store.claim(&req)).unwrap().0;
+    assert_eq!(first[0].event_id, "e00");
+    assert_eq!(first.len(), 1);
+    let expected: Vec<String> = (1..30).map(|i| format!("e{i:02}")).collect();
+    assert_eq!(parked(), expected);
+    let head = m.find("deliveries", doc! { "eventId": "e00" });
+    assert_eq!(head[0].get_i32("holdsBack"), Ok(1));
+    let mut token = first[0].token.clone();
+    for i in 1..30 {
+        runtime().block_on(store.complete(&[token], false)).unwrap();
+        assert_eq!(parked().len(), 29 - i, "after e{:02} completed", i - 1);
+        let next = runtime()
+            .block_on(store.claim(&ClaimRequest {
+                outstanding: vec![],
+                ..req.clone()
+            }))
+            .unwrap()
+            .0;
+        assert_eq!(
+            next.iter().map(|d| d.event_id.as_str()).collect::<Vec<_>>(),
+            [format!("e{i:02}")]
+        );
+        token = next[0].token.clone();
+    }
+    runtime().block_on(store.complete(&[token], false)).unwrap();
+    assert_eq!(m.find("deliveries", doc! {}).len(), 0);
+}
+
+fn spawn_worker(m: &TestMongo, args: &[&str]) -> Spawned {
+    StdCommand::new(assert_cmd::cargo::cargo_bin("relaybus"))
+        .env("RELAYBUS_DATABASE_URL", mongo_url())
+        .args(["--schema", &m.name, "run"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+        .into()
+}
+
+fn publish(m: &TestMongo, events: &[Value]) {
+    let lines: Vec<String> = events.iter().map(Value::to_string).collect();
+    let out = m
+        .cmd()
+        .arg("publish")
+        .write_stdin(lines.join("\n"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn three_workers_handle_keyed_and_unkeyed_deliveries_exactly_once_in_key_order() {
+    let m = TestMongo::installed("mongo_exactly_once");
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("handled.log");
+    let mut per_key = HashMap::new();
+    let events: Vec<Value> = (0..200)
+        .map(|i| {
+            let key = (i % 3 != 0).then(|| format!("key-{}", i % 7));
+            let n = key.as_ref().map(|k| {
+                let c = per_key.entry(k.clone()).or_insert(0);
+                *c += 1;
+                *c
+            });
+            json!({"id": format!("ev-{i:03}"), "type": "t", "key": key,
+                   "handlers": ["alpha", "beta"], "payload": {"n": n}})
+        })
+        .collect();
+    publish(&m, &events);
+    let command = format!(
+        "n=$(sed -n 's/.*\"payload\":{{\"n\":\\([0-9]*\\)}}.*/\\1/p'); echo \"$RELAYBUS_HANDLER $RELAYBUS_EVENT_ID ${{RELAYBUS_KEY:--}} ${{n:--}} $RELAYBUS_ATTEMPT\" >> {}",
+        log.display()
+    );
+    let config = dir.path().join("handlers.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[handlers.alpha]\nexec = '''{command}'''\n\n[handlers.beta]\nexec = '''{command}'''\n"
+        ),
+    )
+    .unwrap();
+    let workers: Vec<Spawned> = (0..3)
+        .map(|_| {
+            spawn_worker(
+                &m,
+                &[
+                    "--config",
+                    config.to_str().unwrap(),
+                    "--drain",
+                    "--poll-interval",
+                    "50ms",
+                    "--concurrency",
+                    "8",
+                ],
+            )
+        })
+        .collect();
+    let mut handled = 0;
+    for w in workers {
+        let out = finish(w, Duration::from_secs(180));
+        assert!(out.status.success(), "{}", stderr(&out));
+        let summary = stdout(&out);
+        handled += summary
+            .strip_prefix("handled ")
+            .and_then(|r| r.split(',').next())
+            .unwrap()
+            .parse::<u64>()
+            .unwrap();
+        assert!(
+            summary.ends_with(", failed attempts 0, dead 0, lease lost 0, released 0\n"),
+            "{summary}"
+        );
+    }
+    assert_eq!(handled, 400);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut seen: HashMap<(String, String), usize> = HashMap::new();
+    let mut last: HashMap<(String, String), u64> = HashMap::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        assert_eq!((f.len(), f[4]), (5, "1"), "{line}");
+        *seen.entry((f[0].into(), f[1].into())).or_default() += 1;
+        if f[2] != "-" {
+            let n: u64 = f[3].parse().unwrap();
+            let prev = last.insert((f[0].into(), f[2].into()), n).unwrap_or(0);
+            assert_eq!(n, prev + 1, "per-key order of {} on {}", f[0], f[2]);
+        }
+    }
+    assert_eq!(seen.len(), 400);
+    assert!(seen.values().all(|&c| c == 1));
+    assert_eq!(m.find("deliveries", doc! {}).len(), 0);
+    assert_eq!(m.find("lanes", doc! { "owner": { "$ne": null } }).len(), 0);
+}
+
+#[test]
+fn a_killed_worker_s_deliveries_run_again_after_its_lease_charged_one_attempt() {
+    let m = TestMongo::installed("mongo_kill9");
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("handled.log");
+    let events: Vec<Value> = (0..20)
+        .map(|i| json!({"id": format!("e{i:02}"), "type": "t", "handlers": ["h"]}))
+        .collect();
+    publish(&m, &events);
+    let command = format!(
+        "echo \"$RELAYBUS_EVENT_ID $RELAYBUS_ATTEMPT\" >> {}; sleep 30",
+        log.display()
+    );
+    let mut doomed = spawn_worker(
+        &m,
+        &[
+            "--handler",
+            "h",
+            "--exec",
+            &command,
+            "--concurrency",
+            "20",
+            "--lease-duration",
+            "2s",
+        ],
+    );
+    wait_until("20 handlers running", Duration::from_secs(30), || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.lines().count() == 20)
+    });
+    doomed.kill().unwrap();
+    let out = finish(doomed, Duration::from_secs(10));
+    assert!(!out.status.success());
+    let command = format!(
+        "echo \"$RELAYBUS_EVENT_ID $RELAYBUS_ATTEMPT\" >> {}",
+        log.display()
+    );
+    let heir = spawn_worker(
+        &m,
+        &[
+            "--handler",
+            "h",
+            "--exec",
+            &command,
+            "--drain",
+            "--poll-interval",
+            "100ms",
+        ],
+    );
+    let out = finish(heir, Duration::from_secs(60));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "handled 20, failed attempts 0, dead 0, lease lost 0, released 0\n"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut runs: Vec<&str> = text.lines().collect();
+    runs.sort_unstable();
+    let expected: Vec<String> = (0..20)
+        .flat_map(|i| [format!("e{i:02} 1"), format!("e{i:02} 2")])
+        .collect();
+    assert_eq!(runs, expected);
+    assert_eq!(m.find("deliveries", doc! {}).len(), 0);
+}
+
+/// The fixture after the conversion: every delivery converted, nothing completed runs again.
+fn assert_converted(m: &TestMongo) {
+    let deliveries = m.find("deliveries", doc! {});
+    let state: Vec<String> = deliveries
+        .iter()
+        .map(|d| {
+            format!(
+                "{} {} {} lane={} claims={} ready={} lease={}",
+                d.get_str("_id").unwrap(),
+                d.get_str("status").unwrap(),
+                d.get_i32("attempts").unwrap(),
+                d.get_i32("laneId").unwrap(),
+                d.get_i32("claims").unwrap(),
+                d.get_str("lane").unwrap() == "ready",
+                d.contains_key("leaseToken") || d.contains_key("leaseOwner"),
+            )
+        })
+        .collect();
+    let lane = |k: &str| relaybus::store::lane::lane_of(Some(k), "");
+    let unkeyed = |e: &str| relaybus::store::lane::lane_of(None, e);
+    assert_eq!(
+        state,
+        [
+            format!(
+                "d-1a completed 1 lane={} claims=0 ready=true lease=false",
+                lane("order-7")
+            ),
+            format!(
+                "d-1b pending 2 lane={} claims=0 ready=true lease=false",
+                lane("order-7")
+            ),
+            format!(
+                "d-2a pending 0 lane={} claims=0 ready=true lease=false",
+                lane("order-7")
+            ),
+            format!(
+                "d-3a pending 1 lane={} claims=0 ready=true lease=false",
+                unkeyed("ev-3")
+            ),
+            format!(
+                "d-4a dead 25 lane={} claims=0 ready=true lease=false",
+                unkeyed("ev-4")
+            ),
+            format!(
+                "d-4b pending 3 lane={} claims=0 ready=true lease=false",
+                unkeyed("ev-4")
+            ),
+            format!(
+                "d-5a dead 25 lane={} claims=0 ready=true lease=false",
+                lane("héllo-ключ-鍵")
+            ),
+            format!(
+                "d-6a completed 1 lane={} claims=0 ready=true lease=false",
+                unkeyed("ev-6")
+            ),
+        ]
+    );
+    let handlers: Vec<String> = m
+        .find("events", doc! {})
+        .iter()
+        .map(|e| {
+            let h: Vec<&str> = e
+                .get_array("handlers")
+                .unwrap()
+                .iter()
+                .map(|h| h.as_str().unwrap())
+                .collect();
+            format!(
+                "{} {} {}",
+                e.get_str("_id").unwrap(),
+                h.join(","),
+                e.get_datetime("createdAt")
+                    .unwrap()
+                    .try_to_rfc3339_string()
+                    .unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        handlers,
+        [
+            "ev-1 billing,email 2026-01-01T10:00:00Z",
+            "ev-2 billing 2026-01-01T10:00:01Z",
+            "ev-3 email 2026-01-01T10:00:02Z",
+            "ev-4 crm,email 2026-01-01T10:00:03Z",
+            "ev-5 billing 2026-01-01T10:00:04Z",
+            "ev-6 crm 2026-01-01T10:00:05Z",
+        ]
+    );
+    assert_eq!(m.find("lanes", doc! {}).len(), 256);
+    m.cmd().args(["setup", "--check"]).assert().success();
+}
+
+/// What the conversion touches, to compare runs.
+fn snapshot(m: &TestMongo) -> Vec<Document> {
+    let mut all = vec![];
+    for c in ["events", "deliveries", "key_sequences", "lanes", "schema"] {
+        for mut d in m.find(c, doc! {}) {
+            d.insert("collection", c);
+            all.push(d);
+        }
+    }
+    all
+}
+
+fn index_names(m: &TestMongo) -> Vec<String> {
+    let mut names = runtime()
+        .block_on(async { m.collection("deliveries").list_index_names().await })
+        .unwrap();
+    names.sort();
+    names
+}
+
+#[test]
+fn upgrade_converts_the_0_1_fixture_and_a_second_run_changes_nothing() {
+    let m = TestMongo::with_fixture_0_1("mongo_upgrade");
+    let before = snapshot(&m);
+    let dry = m.cmd().args(["upgrade", "--dry-run"]).output().unwrap();
+    assert!(dry.status.success(), "{}", stderr(&dry));
+    let text = stdout(&dry);
+    assert!(text.starts_with("found: schema 0.1\nrows: 6 events, 8 deliveries (2 pending, 2 processing -> pending, 2 completed kept, 2 dead)\nsteps:\n"), "{text}");
+    assert!(
+        text.contains("  1. deliveries-lanes: set each delivery's laneId"),
+        "{text}"
+    );
+    assert!(text.contains(" [8 rows]\n  2. events-handlers: "), "{text}");
+    assert!(text.contains(" [6 rows]\n  3. install: drop the 0.1 indexes, found by definition whatever their names; create the 0.2 collections and indexes, seed the 256 lanes, record the version; drops relaybus_deliveries.eventId_1_handler_1, relaybus_deliveries.handler_1_createdAt_1, relaybus_deliveries.key_1_handler_1_sequence_1, relaybus_deliveries.status_1_completedAt_1, relaybus_deliveries.status_1_lane_1_dueAt_1, relaybus_deliveries.status_1_leaseExpiresAt_1, relaybus_deliveries.status_1_updatedAt_1; creates relaybus_deliveries.eventId_handler_unique, relaybus_deliveries.lane_due, relaybus_deliveries.lane_key_sequence, relaybus_deliveries.dead_updated, relaybus_events.created, relaybus_completions.completed, relaybus_schema, relaybus_lanes, relaybus_completions\n"), "{text}");
+    assert!(text.ends_with("dry run: nothing was written\n"), "{text}");
+    assert_eq!(snapshot(&m), before);
+
+    let out = m.cmd().args(["upgrade", "--yes"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!(
+            "upgraded database \"{}\" from 0.1 to 0.2 in ",
+            m.name
+        )),
+        "{}",
+        stdout(&out)
+    );
+    assert_converted(&m);
+    assert_eq!(
+        index_names(&m),
+        [
+            "_id_",
+            "dead_updated",
+            "eventId_handler_unique",
+            "lane_due",
+            "lane_key_sequence"
+        ]
+    );
+    let first = snapshot(&m);
+    m.cmd()
+        .args(["upgrade", "--yes"])
+        .assert()
+        .success()
+        .stdout("relaybus schema is already 0.2; nothing to upgrade\n");
+    m.cmd().arg("setup").assert().success();
+    assert_eq!(snapshot(&m), first);
+
+    // The converted store works: the parked 0.1 follower runs once its head has.
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("handled.log");
+    let command = format!(
+        "echo \"$RELAYBUS_HANDLER $RELAYBUS_EVENT_ID $RELAYBUS_ATTEMPT\" >> {}",
+        log.display()
+    );
+    let config = dir.path().join("handlers.toml");
+    std::fs::write(
+        &config,
+        format!("[handlers.billing]\nexec = '''{command}'''\n[handlers.email]\nexec = '''{command}'''\n"),
+    )
+    .unwrap();
+    let out = m
+        .cmd()
+        .args(["run", "--config", config.to_str().unwrap(), "--drain"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut runs: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    runs.sort();
+    assert_eq!(runs, ["billing ev-2 1", "email ev-1 3", "email ev-3 2"]);
+}
+
+#[test]
+fn a_conversion_that_stopped_halfway_is_finished_by_setup() {
+    let m = TestMongo::with_fixture_0_1("mongo_halfway");
+    // What a crash after the first batch of the first step leaves.
+    runtime().block_on(async {
+        m.collection("deliveries")
+            .update_one(
+                doc! { "_id": "d-3a" },
+                doc! {
+                    "$set": { "laneId": i32::from(relaybus::store::lane::lane_of(None, "ev-3")), "claims": 0, "status": "pending", "lane": "ready" },
+                    "$unset": { "leaseOwner": "", "leaseToken": "", "leaseExpiresAt": "" },
+                },
+            )
+            .await
+            .unwrap();
+    });
+    m.cmd().args(["setup", "--check"]).assert().code(1);
+    m.cmd().arg("setup").assert().success();
+    assert_converted(&m);
+}
+
+#[test]
+fn upgrade_refuses_live_0_1_leases_unless_forced() {
+    let m = TestMongo::with_fixture_0_1("mongo_live_leases");
+    runtime().block_on(async {
+        m.collection("deliveries")
+            .update_one(
+                doc! { "_id": "d-3a" },
+                doc! { "$set": { "leaseExpiresAt": Bson::DateTime(mongodb::bson::DateTime::parse_rfc3339_str("2999-01-01T00:00:00Z").unwrap()) } },
+            )
+            .await
+            .unwrap();
+    });
+    let before = snapshot(&m);
+    let out = m.cmd().args(["upgrade", "--yes"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("error: 1 deliveries are still leased by 0.1 workers (until 2999-01-01T00:00:00+00:00); stop every 0.1 worker first, or rerun with `--force` once they are stopped"), "{}", stderr(&out));
+    assert_eq!(
+        m.cmd().arg("setup").output().unwrap().status.code(),
+        Some(1)
+    );
+    assert_eq!(snapshot(&m), before);
+    m.cmd()
+        .args(["upgrade", "--yes", "--force"])
+        .assert()
+        .success();
+    assert_converted(&m);
+}
+
+#[test]
+fn setup_check_sees_a_redefined_index_and_setup_repairs_it() {
+    let m = TestMongo::installed("mongo_redefined");
+    runtime().block_on(async {
+        let deliveries = m.collection("deliveries");
+        deliveries.drop_index("dead_updated").await.unwrap();
+        deliveries
+            .create_index(
+                mongodb::IndexModel::builder()
+                    .keys(doc! { "updatedAt": 1 })
+                    .options(
+                        mongodb::options::IndexOptions::builder()
+                            .name("dead_updated".to_owned())
+                            .build(),
+                    )
+                    .build(),
+            )
+            .await
+            .unwrap();
+    });
+    let out = m.cmd().args(["setup", "--check"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        format!("relaybus schema is 0.2 (incomplete) in database \"{}\", prefix \"relaybus_\", expected 0.2; run `relaybus setup`\n", m.name)
+    );
+    m.cmd().arg("setup").assert().success().stdout(format!(
+        "relaybus schema 0.2 (incomplete) -> 0.2 (database \"{}\", prefix \"relaybus_\")\n",
+        m.name
+    ));
+    m.cmd().args(["setup", "--check"]).assert().success();
+}
+
+/// `schema-sql` on a MongoDB URL renders a `mongosh` script without connecting: the URL points
+/// at a port where nothing listens.
+#[test]
+fn schema_sql_renders_mongosh_scripts_without_a_server() {
+    let render = |args: &[&str]| {
+        let out = crate::common::relaybus()
+            .env("RELAYBUS_DATABASE_URL", "mongodb://127.0.0.1:1/app")
+            .args(["--prefix", "rb_", "schema-sql"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        stdout(&out)
+    };
+    let install = render(&[]);
+    assert!(install.starts_with(&format!(
+        "// relaybus {} MongoDB schema 0.2: install\n// database \"app\", prefix \"rb_\"; rendered by `relaybus schema-sql`.\n",
+        env!("CARGO_PKG_VERSION")
+    )), "{install}");
+    for line in [
+        "const rb = db.getSiblingDB(\"app\");",
+        "ensureIndex(rb.getCollection(\"rb_deliveries\"), {\"laneId\":1,\"dueAt\":1,\"_id\":1}, {\"name\":\"lane_due\",\"partialFilterExpression\":{\"status\":\"pending\",\"lane\":\"ready\"}});",
+        "ensureIndex(rb.getCollection(\"rb_deliveries\"), {\"eventId\":1,\"handler\":1}, {\"name\":\"eventId_handler_unique\",\"unique\":true});",
+        "rb.getCollection(\"rb_schema\").updateOne({ _id: \"version\" }, { $set: { version: \"0.2\" } }, { upsert: true });",
+    ] {
+        assert!(install.contains(line), "{line}\n{install}");
+    }
+    let convert = render(&["--from", "0.1"]);
+    assert!(convert.contains("// step deliveries-lanes: "), "{convert}");
+    assert!(convert.contains("function laneOf(text) {"), "{convert}");
+    assert!(
+        convert.ends_with(
+            install
+                .split_once("const rb = db.getSiblingDB(\"app\");\n")
+                .unwrap()
+                .1
+        ),
+        "{convert}"
+    );
+    let grants = render(&["--grants", "worker"]);
+    assert!(
+        grants.contains("rb.createRole({ role: \"worker\", privileges, roles: [] });"),
+        "{grants}"
+    );
+}
