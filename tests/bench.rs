@@ -10,7 +10,7 @@ use crate::common::{connect, database_url, runtime, stdout};
 /// Rows inserted, updated, HOT-updated and deleted in one table during a sample.
 fn rows(sample: &Value, table: &str) -> [u64; 4] {
     let t = &sample["counters"]["tables"][table];
-    [0, 1, 2, 3].map(|i| t[i].as_u64().unwrap())
+    [0, 1, 2, 3].map(|i| t[i].as_u64().unwrap_or(0))
 }
 
 #[test]
@@ -115,4 +115,56 @@ fn one_cell_of_each_scenario_is_measured_exactly_and_reported() {
         ))
         .unwrap();
     assert_eq!(left.len(), 0);
+}
+
+/// The same on MongoDB, where the counters come from the oplog: a publish inserts one event and
+/// one delivery per event, a dispatch deletes each delivery once and writes none, and the report
+/// shows the oplog columns.
+#[test]
+fn publish_and_dispatch_are_measured_exactly_on_mongodb() {
+    let out = tempfile::tempdir().unwrap();
+    let o = crate::common::relaybus()
+        .timeout(Duration::from_secs(300))
+        .env("RELAYBUS_DATABASE_URL", crate::common::mongo::mongo_url())
+        .args([
+            "bench",
+            "--cell",
+            "pub-p1-b100",
+            "--cell",
+            "disp-1i-tuned",
+            "--warmup",
+            "200ms",
+            "--window",
+            "2s",
+            // The test server scans on `$in` filters: a small backlog keeps claims short.
+            "--backlog",
+            "2000",
+            "--json",
+            "--out",
+        ])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let samples: Vec<Value> = serde_json::from_str(&stdout(&o)).unwrap();
+    for s in &samples {
+        assert_eq!(s["exactness"]["valid"], true, "{s}");
+        assert!(s["counters"]["oplog_entries"].as_u64().unwrap() > 0, "{s}");
+    }
+    let publish = &samples[0];
+    let events = publish["units"].as_u64().unwrap();
+    assert!(events >= 100, "{publish}");
+    assert_eq!(rows(publish, "events"), [events, 0, 0, 0]);
+    assert_eq!(rows(publish, "deliveries"), [events, 0, 0, 0]);
+    let dispatch = &samples[1];
+    let handled = dispatch["units"].as_u64().unwrap();
+    assert!(handled > 0, "{dispatch}");
+    assert_eq!(rows(dispatch, "deliveries"), [0, 0, 0, handled]);
+    assert!(rows(dispatch, "lanes")[1] > 0, "{dispatch}");
+    let report = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    assert!(
+        report.contains("| oplog B/unit | oplog entries/unit | server ops/unit |"),
+        "{report}"
+    );
+    assert!(!report.contains("WAL B/unit"), "{report}");
 }

@@ -38,6 +38,8 @@ pub struct BenchOptions {
     pub samples: u32,
     pub warmup: Duration,
     pub window: Duration,
+    /// Events of a dispatch backlog, when not sized from the cell.
+    pub backlog: Option<u64>,
     /// The binary under test, and an optional second one to compare with.
     pub base: PathBuf,
     pub candidate: Option<PathBuf>,
@@ -255,6 +257,9 @@ impl Coordinator {
     /// from one process (fewer events when each has several handlers). More processes share
     /// the cores, so they take less than `rate` each.
     fn backlog(&self, processes: u32, handlers: u32, rate: f64) -> u64 {
+        if let Some(events) = self.opts.backlog {
+            return (events as f64 * self.backlog_scale) as u64;
+        }
         let seconds = (self.opts.warmup + self.opts.window).as_secs_f64();
         let deliveries =
             seconds * rate * f64::from(processes.min(4)).sqrt() * 1.3 * self.backlog_scale;

@@ -6,6 +6,24 @@ use std::path::Path;
 
 use super::{BenchOptions, Sample};
 
+/// The server totals a report shows as columns, as each engine counts them: (heading, total,
+/// decimals). Only those some sample of the run has are shown.
+const HEADLINES: [(&str, &str, usize); 6] = [
+    ("WAL B/unit", "wal_bytes", 0),
+    ("WAL rec/unit", "wal_records", 2),
+    ("FPI/unit", "wal_fpi", 3),
+    ("oplog B/unit", "oplog_bytes", 0),
+    ("oplog entries/unit", "oplog_entries", 3),
+    ("server ops/unit", "operations", 3),
+];
+
+fn headlines(samples: &[Sample]) -> Vec<(&'static str, &'static str, usize)> {
+    HEADLINES
+        .into_iter()
+        .filter(|(_, key, _)| samples.iter().any(|s| s.counters.totals.contains_key(*key)))
+        .collect()
+}
+
 /// A server total of a sample per unit (0 when the store does not count it).
 fn total_per_unit(s: &Sample, name: &str) -> f64 {
     s.counters.totals.get(name).copied().unwrap_or(0) as f64 / s.units.max(1) as f64
@@ -86,7 +104,15 @@ pub fn line(s: &Sample) -> String {
     let counters: Vec<String> = per_unit(s)
         .iter()
         .filter(|(k, _)| {
-            ["statements", "parses", "wal_bytes", "wal_fpi"].contains(&k.as_str())
+            [
+                "statements",
+                "parses",
+                "wal_bytes",
+                "wal_fpi",
+                "oplog_bytes",
+                "oplog_entries",
+            ]
+            .contains(&k.as_str())
                 || k.ends_with(".upd")
                 || k.ends_with(".hot")
         })
@@ -165,17 +191,18 @@ pub fn markdown(opts: &BenchOptions, samples: &[Sample]) -> String {
     let _ = writeln!(
         md,
         "Warm-up {} ms, window {} ms, {} sample(s) per cell. Counters are server deltas (WAL is \
-         cluster-wide) and client statement counts, divided by the units done from the first \
-         statement to the last. A sample that failed exactness shows no number.\n",
+         cluster-wide on PostgreSQL; the oplog is this database's on MongoDB) and client \
+         statement (operation) counts, divided by the units done from the first statement to \
+         the last. A sample that failed exactness shows no number.\n",
         opts.warmup.as_millis(),
         opts.window.as_millis(),
         opts.samples
     );
-    let _ = writeln!(md, "| cell | binary | throughput | floor | of floor | stmts/unit | WAL B/unit | WAL rec/unit | FPI/unit | latency / calls | exactness | spin ms |");
-    let _ = writeln!(
-        md,
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|"
-    );
+    let columns = headlines(samples);
+    let headings: String = columns.iter().map(|(h, _, _)| format!(" {h} |")).collect();
+    let aligns = "---:|".repeat(columns.len());
+    let _ = writeln!(md, "| cell | binary | throughput | floor | of floor | stmts/unit |{headings} latency / calls | exactness | spin ms |");
+    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|{aligns}---|---|---:|");
     for s in samples {
         let u = s.units.max(1) as f64;
         let valid = s.exactness.as_ref().is_none_or(|e| e.valid);
@@ -190,9 +217,13 @@ pub fn markdown(opts: &BenchOptions, samples: &[Sample]) -> String {
             ),
             _ => String::new(),
         };
+        let totals: String = columns
+            .iter()
+            .map(|(_, key, decimals)| format!(" {:.*} |", decimals, total_per_unit(s, key)))
+            .collect();
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {:.3} | {:.0} | {:.2} | {:.3} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {:.3} |{totals} {} | {} | {} |",
             s.cell,
             Path::new(&s.binary)
                 .file_name()
@@ -210,9 +241,6 @@ pub fn markdown(opts: &BenchOptions, samples: &[Sample]) -> String {
                 .map(|f| format!("{:.2}", s.throughput / f.max(1.0)))
                 .unwrap_or_else(|| "-".into()),
             s.statements as f64 / u,
-            total_per_unit(s, "wal_bytes"),
-            total_per_unit(s, "wal_records"),
-            total_per_unit(s, "wal_fpi"),
             extra,
             verdict(s),
             if s.spin_ms > limit {

@@ -61,6 +61,11 @@ pub struct BenchArgs {
     /// Skip the raw-SQL floor runs.
     #[arg(long)]
     pub no_floor: bool,
+    /// Events preloaded for each dispatch and floor sample (default: more than the cell's
+    /// configuration can take in the warm-up and window, at least 10,000). A backlog that runs
+    /// out inside the window is doubled and the sample measured again.
+    #[arg(long, value_name = "EVENTS", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub backlog: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -118,6 +123,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<Ex
         samples: a.samples,
         warmup: a.warmup,
         window: a.window,
+        backlog: a.backlog,
         base: base.clone(),
         candidate: candidate.clone(),
         database_url: g.url()?,

@@ -2,15 +2,17 @@
 //! and the oplog entries and bytes of this database, with inserts, updates and deletes per
 //! collection), a backlog written by bulk inserts, and the raw floors.
 //!
-//! The oplog is read from the first counter read on: every later read counts what the oplog
-//! gained since, so two reads differ by what happened between them. A transaction's writes are
-//! one `applyOps` entry on a `mongod` replica set; each write is counted inside it.
+//! The oplog is tallied from the first counter reading on: each reading adds what the oplog
+//! gained since the last, newest first, so two readings differ by what happened between them.
+//! A transaction's writes are one `applyOps` entry on a `mongod` replica set; each write is
+//! counted inside it.
 
 use std::collections::BTreeMap;
 
-use mongodb::bson::{doc, Bson, DateTime, Document, Regex, Timestamp};
+use futures_util::TryStreamExt;
+use mongodb::bson::{doc, Bson, DateTime, Document, RawDocumentBuf, Timestamp};
 
-use super::model::{all, literal};
+use super::model::all;
 use super::publish::bson_i64;
 use super::{MongoStore, DELIVERIES, EVENTS, KEY_SEQUENCES, READY};
 use crate::store::bench::{Backlog, BenchStore, DeliveryCounts, ServerCounters};
@@ -40,26 +42,84 @@ fn delivery(
     }
 }
 
+/// What the oplog held for this database, from the first reading to the last.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Tally {
+    started: bool,
+    /// The newest entry counted (None: the oplog was empty when counting started).
+    last: Option<Timestamp>,
+    entries: i64,
+    bytes: i64,
+    /// Per collection (without the prefix): inserts, updates, deletes.
+    writes: BTreeMap<String, [i64; 3]>,
+}
+
 impl MongoStore {
-    /// The newest oplog entry's time, where counting starts.
-    async fn oplog_now(&self) -> Result<Timestamp> {
+    /// Adds the oplog entries written since the last reading to the tally. The oplog is read
+    /// newest first and only as far back as the last reading; the first reading only marks
+    /// where counting starts.
+    async fn read_oplog(&self, mut tally: Tally) -> Result<Tally> {
+        let failed = self.conn.error("could not read the oplog");
         let oplog = self
             .conn
             .client()
             .await?
             .database("local")
-            .collection::<Document>("oplog.rs");
-        let last = oplog
-            .find_one(doc! {})
+            .collection::<RawDocumentBuf>("oplog.rs");
+        let mut cursor = oplog
+            .find(doc! {})
             .sort(doc! { "$natural": -1 })
             .await
-            .map_err(self.conn.error("could not read the oplog"))?;
-        Ok(last
-            .and_then(|d| d.get_timestamp("ts").ok())
-            .unwrap_or(Timestamp {
-                time: 0,
-                increment: 0,
-            }))
+            .map_err(&failed)?;
+        let prefix = format!("{}.{}", self.ns.schema(), self.ns.prefix());
+        let database = format!("{}.", self.ns.schema());
+        let mut newest = None;
+        while let Some(entry) = cursor.try_next().await.map_err(&failed)? {
+            let ts = entry.get_timestamp("ts").ok();
+            newest = newest.or(ts);
+            if !tally.started || ts.is_none() || (tally.last.is_some() && ts <= tally.last) {
+                break;
+            }
+            let entry = Document::try_from(entry.as_ref()).map_err(|e| failed(e.into()))?;
+            let ops: Vec<Document> = match entry
+                .get_document("o")
+                .and_then(|o| o.get_array("applyOps"))
+            {
+                Ok(ops) => ops
+                    .iter()
+                    .filter_map(|op| op.as_document().cloned())
+                    .collect(),
+                Err(_) => vec![entry.clone()],
+            };
+            let mine: Vec<&Document> = ops
+                .iter()
+                .filter(|op| op.get_str("ns").is_ok_and(|ns| ns.starts_with(&database)))
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            tally.entries += 1;
+            tally.bytes += mongodb::bson::to_vec(&entry).map_or(0, |b| b.len() as i64);
+            for op in mine {
+                let Some(collection) = op
+                    .get_str("ns")
+                    .ok()
+                    .and_then(|ns| ns.strip_prefix(&prefix))
+                else {
+                    continue;
+                };
+                let counts = tally.writes.entry(collection.to_owned()).or_default();
+                match op.get_str("op").unwrap_or_default() {
+                    "i" => counts[0] += 1,
+                    "u" => counts[1] += 1,
+                    "d" => counts[2] += 1,
+                    _ => {}
+                }
+            }
+        }
+        tally.last = newest.or(tally.last);
+        tally.started = true;
+        Ok(tally)
     }
 
     async fn insert_batches(&self, collection: &str, docs: Vec<Document>) -> Result<()> {
@@ -77,88 +137,31 @@ impl MongoStore {
 impl BenchStore for MongoStore {
     async fn server_counters(&self) -> Result<ServerCounters> {
         let failed = self.conn.error("could not read the server's counters");
-        let counted_from = *self.counted_from.lock().expect("oplog start lock");
-        let since = match counted_from {
-            Some(ts) => ts,
-            None => {
-                let now = self.oplog_now().await?;
-                *self.counted_from.lock().expect("oplog start lock") = Some(now);
-                now
-            }
-        };
-        let client = self.conn.client().await?;
-        let status = client
+        let before = self.tally.lock().expect("tally lock").clone();
+        let tally = self.read_oplog(before).await?;
+        *self.tally.lock().expect("tally lock") = tally.clone();
+        let status = self
+            .conn
+            .client()
+            .await?
             .database("admin")
             .run_command(doc! { "serverStatus": 1 })
             .await
             .map_err(&failed)?;
-        let mut totals = BTreeMap::new();
         let operations: i64 = status
             .get_document("opcounters")
             .map(|o| o.values().map(bson_i64).sum())
             .unwrap_or(0);
-        totals.insert("operations".to_owned(), operations);
-        let mine = Regex {
-            pattern: format!("^{}\\.", literal(self.ns.schema())),
-            options: String::new(),
-        };
-        let oplog = client.database("local").collection::<Document>("oplog.rs");
-        let matching = doc! {
-            "ts": { "$gt": since },
-            "$or": [{ "ns": &mine }, { "o.applyOps.ns": &mine }],
-        };
-        let cursor = oplog
-            .aggregate([
-                doc! { "$match": matching.clone() },
-                doc! { "$group": {
-                    "_id": Bson::Null, "entries": { "$sum": 1 },
-                    "bytes": { "$sum": { "$bsonSize": "$$ROOT" } },
-                } },
-            ])
-            .await
-            .map_err(&failed)?;
-        let sums = all(cursor).await.map_err(&failed)?;
-        let sum = |f: &str| {
-            sums.first()
-                .and_then(|d| d.get(f))
-                .map(bson_i64)
-                .unwrap_or(0)
-        };
-        totals.insert("oplog_entries".to_owned(), sum("entries"));
-        totals.insert("oplog_bytes".to_owned(), sum("bytes"));
-        let cursor = oplog
-            .aggregate([
-                doc! { "$match": matching },
-                doc! { "$project": { "ops": { "$cond": [
-                    { "$isArray": "$o.applyOps" }, "$o.applyOps", [{ "ns": "$ns", "op": "$op" }],
-                ] } } },
-                doc! { "$unwind": "$ops" },
-                doc! { "$group": { "_id": { "ns": "$ops.ns", "op": "$ops.op" }, "n": { "$sum": 1 } } },
-            ])
-            .await
-            .map_err(&failed)?;
-        let prefix = format!("{}.{}", self.ns.schema(), self.ns.prefix());
-        let mut tables: BTreeMap<String, [i64; 4]> = BTreeMap::new();
-        for row in all(cursor).await.map_err(&failed)? {
-            let Ok(id) = row.get_document("_id") else {
-                continue;
-            };
-            let Some(collection) = id
-                .get_str("ns")
-                .ok()
-                .and_then(|ns| ns.strip_prefix(&prefix))
-            else {
-                continue;
-            };
-            let counts = tables.entry(collection.to_owned()).or_default();
-            let n = row.get("n").map(bson_i64).unwrap_or(0);
-            match id.get_str("op").unwrap_or_default() {
-                "i" => counts[0] += n,
-                "u" => counts[1] += n,
-                "d" => counts[3] += n,
-                _ => {}
-            }
-        }
+        let totals = BTreeMap::from([
+            ("operations".to_owned(), operations),
+            ("oplog_entries".to_owned(), tally.entries),
+            ("oplog_bytes".to_owned(), tally.bytes),
+        ]);
+        let tables = tally
+            .writes
+            .into_iter()
+            .map(|(c, [i, u, d])| (c, [i, u, 0, d]))
+            .collect();
         Ok(ServerCounters { totals, tables })
     }
 

@@ -43,8 +43,8 @@ pub(crate) struct MongoStore {
     /// This store instance, recorded on the lanes it holds: a restarted process that reuses its
     /// owner name never adopts the live lanes of its dead predecessor.
     holder: String,
-    /// The oplog time `bench` counts from, set by its first reading.
-    counted_from: std::sync::Mutex<Option<mongodb::bson::Timestamp>>,
+    /// What `bench` has counted of the oplog so far.
+    tally: std::sync::Mutex<bench::Tally>,
     /// Tests hold the next completion between its reads and its writes.
     #[cfg(test)]
     completion_pause: std::sync::Mutex<Option<dispatch::tests::Pause>>,
@@ -56,7 +56,7 @@ impl MongoStore {
         Ok(Self {
             conn: std::sync::Arc::new(Connection::new(url, ns.schema(), &options)?),
             holder: uuid::Uuid::now_v7().to_string(),
-            counted_from: std::sync::Mutex::new(None),
+            tally: std::sync::Mutex::default(),
             #[cfg(test)]
             completion_pause: std::sync::Mutex::new(None),
             ns,
