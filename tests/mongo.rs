@@ -742,3 +742,76 @@ fn schema_sql_renders_mongosh_scripts_without_a_server() {
         "{grants}"
     );
 }
+
+/// The change stream wakes a worker whose poll interval is an hour. The stream's opening is a
+/// wake-up of its own, which the metrics endpoint counts: after it, only a change event can
+/// bring the published delivery.
+#[test]
+fn a_publish_wakes_an_idle_worker_through_the_change_stream() {
+    let m = TestMongo::installed("mongo_wakeup");
+    let dir = tempfile::tempdir().unwrap();
+    let done = dir.path().join("done");
+    let addr = format!("127.0.0.1:{}", crate::common::cluster::free_port());
+    let worker = spawn_worker(
+        &m,
+        &[
+            "--handler",
+            "h",
+            "--exec",
+            &format!("cat > {}", done.display()),
+            "--poll-interval",
+            "1h",
+            "--metrics-addr",
+            &addr,
+        ],
+    );
+    let wake_ups = || {
+        let scrape = runtime().block_on(async {
+            match reqwest::get(format!("http://{addr}/metrics")).await {
+                Ok(r) => r.text().await.unwrap_or_default(),
+                Err(_) => String::new(),
+            }
+        });
+        scrape
+            .lines()
+            .find_map(|l| l.strip_prefix("relaybus_wake_ups_total "))
+            .map_or(0, |v| v.parse::<u64>().unwrap())
+    };
+    wait_until("the change stream to open", Duration::from_secs(20), || {
+        wake_ups() >= 1
+    });
+    // The opening's wake-up was a claim that found nothing.
+    std::thread::sleep(Duration::from_millis(300));
+    publish(&m, &[json!({"id": "wake", "type": "t", "handlers": ["h"]})]);
+    wait_until(
+        "the woken worker to handle the event",
+        Duration::from_secs(20),
+        || done.exists(),
+    );
+    assert!(wake_ups() >= 2);
+    crate::common::signal(&worker, nix::sys::signal::Signal::SIGTERM);
+    let out = finish(worker, Duration::from_secs(30));
+    assert_eq!(
+        stdout(&out),
+        "handled 1, failed attempts 0, dead 0, lease lost 0, released 0\n"
+    );
+}
+
+#[test]
+fn a_sql_handler_is_refused_on_mongodb_before_anything_is_claimed() {
+    let m = TestMongo::installed("mongo_sql_handler");
+    publish(&m, &[json!({"id": "e1", "type": "t", "handlers": ["h"]})]);
+    let out = m
+        .cmd()
+        .args(["run", "--handler", "h", "--sql", "SELECT 1", "--drain"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("SQL handlers run only on a PostgreSQL store, in the transaction that completes the delivery; on MongoDB use an --exec or --webhook handler"),
+        "{}",
+        stderr(&out)
+    );
+    let pending = m.find("deliveries", doc! { "status": "pending", "attempts": 0 });
+    assert_eq!(pending.len(), 1);
+}
