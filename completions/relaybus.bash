@@ -31,6 +31,9 @@ _relaybus() {
             relaybus,deliveries)
                 cmd="relaybus__subcmd__deliveries"
                 ;;
+            relaybus,doctor)
+                cmd="relaybus__subcmd__doctor"
+                ;;
             relaybus,events)
                 cmd="relaybus__subcmd__events"
                 ;;
@@ -124,6 +127,9 @@ _relaybus() {
             relaybus__subcmd__help,deliveries)
                 cmd="relaybus__subcmd__help__subcmd__deliveries"
                 ;;
+            relaybus__subcmd__help,doctor)
+                cmd="relaybus__subcmd__help__subcmd__doctor"
+                ;;
             relaybus__subcmd__help,events)
                 cmd="relaybus__subcmd__help__subcmd__events"
                 ;;
@@ -176,7 +182,7 @@ _relaybus() {
 
     case "${cmd}" in
         relaybus)
-            opts="-h -V --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help"
+            opts="-h -V --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version setup schema-sql upgrade publish run deliveries events dead purge lanes stats doctor completions bench bench-worker help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -663,6 +669,36 @@ _relaybus() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        relaybus__subcmd__doctor)
+            opts="-h -V --fix-sql --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         relaybus__subcmd__events)
             opts="-h -V --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version show help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
@@ -766,7 +802,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__help)
-            opts="setup schema-sql upgrade publish run deliveries events dead purge lanes stats completions bench bench-worker help"
+            opts="setup schema-sql upgrade publish run deliveries events dead purge lanes stats doctor completions bench bench-worker help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -894,6 +930,20 @@ _relaybus() {
         relaybus__subcmd__help__subcmd__deliveries__subcmd__show)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__help__subcmd__doctor)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi

@@ -9,6 +9,7 @@ mod cli;
 mod common;
 mod conformance;
 mod dispatch;
+mod doctor;
 mod faults;
 mod hardening;
 mod metrics;

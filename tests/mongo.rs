@@ -815,3 +815,28 @@ fn a_sql_handler_is_refused_on_mongodb_before_anything_is_claimed() {
     let pending = m.find("deliveries", doc! { "status": "pending", "attempts": 0 });
     assert_eq!(pending.len(), 1);
 }
+
+/// The rendered scripts run under mongosh: the install makes a store `setup --check` calls
+/// current, and the conversion, applied twice to the 0.1 fixture, converts it once.
+#[test]
+fn the_mongosh_scripts_install_and_convert_as_setup_does() {
+    let fresh = TestMongo::new("mongosh_install");
+    let install = stdout(&fresh.cmd().arg("schema-sql").output().unwrap());
+    crate::common::mongo::mongosh(&install);
+    crate::common::mongo::mongosh(&install);
+    fresh.cmd().args(["setup", "--check"]).assert().success();
+    assert_eq!(fresh.find("lanes", doc! {}).len(), 256);
+
+    let old = TestMongo::with_fixture_0_1("mongosh_convert");
+    let convert = stdout(
+        &old.cmd()
+            .args(["schema-sql", "--from", "0.1"])
+            .output()
+            .unwrap(),
+    );
+    crate::common::mongo::mongosh(&convert);
+    assert_converted(&old);
+    let first = snapshot(&old);
+    crate::common::mongo::mongosh(&convert);
+    assert_eq!(snapshot(&old), first);
+}

@@ -4,6 +4,7 @@
 mod bench;
 mod dead;
 mod deliveries;
+mod doctor;
 pub mod generate;
 mod lanes;
 mod output;
@@ -32,8 +33,9 @@ pub use output::Output;
 /// Every command talks to the store given by --database-url (or RELAYBUS_DATABASE_URL, or the
 /// libpq variables PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE).
 ///
-/// Exit codes: 0 done, 1 failed (or `setup --check` found the schema not current), 2 usage
-/// error, 130 `run` stopped by a second signal.
+/// Exit codes: 0 done, 1 failed (or `setup --check` found the schema not current, or `doctor`
+/// a failing check), 2 usage error, 3 `doctor` found warnings only, 130 `run` stopped by a
+/// second signal.
 #[derive(Debug, Parser)]
 #[command(
     name = "relaybus",
@@ -107,6 +109,7 @@ pub enum Command {
     Purge(purge::PurgeArgs),
     Lanes(lanes::LanesArgs),
     Stats(lanes::StatsArgs),
+    Doctor(doctor::DoctorArgs),
     Completions(generate::CompletionsArgs),
     Bench(bench::BenchArgs),
     #[command(hide = true)]
@@ -192,6 +195,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Purge(args) => purge::run(g, &out, args).await,
         Command::Lanes(args) => lanes::run(g, &out, args).await,
         Command::Stats(args) => lanes::run_stats(g, &out, args).await,
+        Command::Doctor(args) => doctor::run(g, &out, args).await,
         Command::Completions(args) => generate::run(g, &out, args),
         Command::Bench(args) => bench::run(g, &out, args).await,
         Command::BenchWorker(_) => bench::run_worker(&out).await,

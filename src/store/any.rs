@@ -119,6 +119,15 @@ pub fn redact(conn: &str) -> String {
 /// Any engine's store.
 pub struct AnyStore(Engines);
 
+impl AnyStore {
+    pub fn engine(&self) -> Engine {
+        match self.0 {
+            Engines::Postgres(_) => Engine::Postgres,
+            Engines::Mongo(_) => Engine::Mongo,
+        }
+    }
+}
+
 enum Engines {
     Postgres(PgStore),
     Mongo(MongoStore),
@@ -229,6 +238,9 @@ impl Store for AnyStore {
     }
     fn client_counts(&self) -> ClientCounts {
         on_engine!(self, s => s.client_counts())
+    }
+    async fn doctor(&self) -> Result<Vec<super::doctor::Check>> {
+        on_engine!(self, s => s.doctor().await)
     }
 }
 

@@ -5,6 +5,7 @@
 
 mod any;
 pub mod bench;
+pub mod doctor;
 mod error;
 mod ident;
 pub mod lane;
@@ -174,4 +175,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// What this store has sent so far.
     fn client_counts(&self) -> ClientCounts;
+
+    /// The engine's own checks for `doctor`: drift of the installed schema from this version's
+    /// (each with the statements that repair it), and what only this engine can see. Changes
+    /// nothing.
+    fn doctor(&self) -> impl Future<Output = Result<Vec<doctor::Check>>> + Send;
 }

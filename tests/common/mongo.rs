@@ -126,3 +126,28 @@ impl Drop for TestMongo {
         let _ = runtime().block_on(async { self.client.database(&self.name).drop().await });
     }
 }
+
+/// Runs a script with `mongosh` against the test server (RELAYBUS_TEST_MONGOSH, default the copy
+/// `.ci/run` installs into `.mongosh/`); panics with its output when it fails.
+pub fn mongosh(script: &str) -> String {
+    let bin = std::env::var("RELAYBUS_TEST_MONGOSH").unwrap_or_else(|_| {
+        format!(
+            "{}/.mongosh/node_modules/.bin/mongosh",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    });
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), script).unwrap();
+    let out = std::process::Command::new(&bin)
+        .args([&mongo_url(), "--quiet", "--file"])
+        .arg(file.path())
+        .output()
+        .unwrap_or_else(|e| panic!("could not run {bin} (install it with `npm install --prefix .mongosh mongosh@2`): {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "mongosh failed:\n{script}\n{text}");
+    text
+}

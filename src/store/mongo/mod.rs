@@ -9,6 +9,7 @@ mod admin;
 mod bench;
 mod conn;
 mod dispatch;
+mod doctor;
 mod json;
 mod keys;
 mod model;
@@ -191,5 +192,9 @@ impl Store for MongoStore {
 
     fn client_counts(&self) -> ClientCounts {
         self.conn.counts()
+    }
+
+    async fn doctor(&self) -> Result<Vec<crate::store::doctor::Check>> {
+        self.doctor_impl().await
     }
 }

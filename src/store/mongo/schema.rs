@@ -26,7 +26,7 @@ const BATCH: i64 = 1000;
 /// The setup lock's lease; its holder renews it while it works.
 const LOCK_LEASE: Duration = Duration::from_secs(30);
 const LOCK_ID: &str = "setup-lock";
-const VERSION_ID: &str = "version";
+pub(super) const VERSION_ID: &str = "version";
 
 /// An index of 0.2, with why it exists.
 pub(super) struct IndexSpec {
@@ -106,7 +106,7 @@ fn retired() -> Vec<Document> {
 }
 
 /// Every collection of a store, in the order they are created.
-const COLLECTIONS: [&str; 6] = [
+pub(super) const COLLECTIONS: [&str; 6] = [
     SCHEMA,
     EVENTS,
     DELIVERIES,
@@ -146,7 +146,7 @@ fn index_name(found: &IndexModel) -> String {
 
 /// How a collection's indexes differ from 0.2's, by definition: names to drop (0.1 indexes,
 /// duplicates of a 0.2 index, a 0.2 name with another definition) and 0.2 indexes to create.
-fn drift(collection: &str, found: &[IndexModel]) -> (Vec<String>, Vec<&'static str>) {
+pub(super) fn drift(collection: &str, found: &[IndexModel]) -> (Vec<String>, Vec<&'static str>) {
     let wanted: Vec<IndexSpec> = indexes()
         .into_iter()
         .filter(|s| s.collection == collection)
@@ -202,12 +202,12 @@ impl MongoStore {
         self.conn.database().await
     }
 
-    async fn coll(&self, name: &str) -> Result<Collection<Document>> {
+    pub(super) async fn coll(&self, name: &str) -> Result<Collection<Document>> {
         self.conn.collection(&self.name(name)).await
     }
 
     /// The relaybus collections that exist.
-    async fn existing(&self) -> Result<Vec<String>> {
+    pub(super) async fn existing(&self) -> Result<Vec<String>> {
         let names = self
             .db()
             .await?
@@ -221,7 +221,7 @@ impl MongoStore {
             .collect())
     }
 
-    async fn indexes_of(&self, collection: &str) -> Result<Vec<IndexModel>> {
+    pub(super) async fn indexes_of(&self, collection: &str) -> Result<Vec<IndexModel>> {
         let failed = self
             .conn
             .error(format!("could not list the indexes of {collection}"));
@@ -251,7 +251,7 @@ impl MongoStore {
         Ok((dropped, created))
     }
 
-    async fn version(&self) -> Result<Option<String>> {
+    pub(super) async fn version(&self) -> Result<Option<String>> {
         let found = self
             .coll(SCHEMA)
             .await?
@@ -801,19 +801,28 @@ pub(super) fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
     command_code(e) == Some(11000)
 }
 
+impl IndexSpec {
+    /// The index's options, as `createIndex` takes them.
+    pub(super) fn options(&self) -> Document {
+        let mut d = doc! { "name": self.name };
+        if self.unique {
+            d.insert("unique", true);
+        }
+        if let Some(p) = &self.partial {
+            d.insert("partialFilterExpression", p.clone());
+        }
+        d
+    }
+}
+
 fn index_document(spec: &IndexSpec) -> Document {
-    let mut d = doc! { "key": spec.keys.clone(), "name": spec.name };
-    if spec.unique {
-        d.insert("unique", true);
-    }
-    if let Some(p) = &spec.partial {
-        d.insert("partialFilterExpression", p.clone());
-    }
+    let mut d = spec.options();
+    d.insert("key", spec.keys.clone());
     d
 }
 
 /// Extended JSON of a document, as mongosh reads it.
-fn js(d: &Document) -> String {
+pub(super) fn js(d: &Document) -> String {
     Bson::Document(d.clone()).into_relaxed_extjson().to_string()
 }
 
@@ -832,7 +841,7 @@ fn header(ns: &Namespace, what: &str) -> String {
     )
 }
 
-fn collection_js(ns: &Namespace, c: &str) -> String {
+pub(super) fn collection_js(ns: &Namespace, c: &str) -> String {
     format!(
         "rb.getCollection({})",
         serde_json::to_string(&ns.table_name(c)).expect("a string serialises")
@@ -851,38 +860,31 @@ fn install_js(ns: &Namespace) -> String {
         ));
     }
     out.push_str(
-        "\n// An index of a 0.2 name with another definition is dropped first, so that what\n\
-         // follows leaves exactly the 0.2 indexes.\n\
+        "\n// An index of a 0.2 name with another definition, and a copy of a 0.2 index under\n\
+         // another name, are dropped first, so that what follows leaves exactly the 0.2 indexes.\n\
          function ensureIndex(coll, keys, options) {\n\
-         \x20 const same = JSON.stringify(keys);\n\
+         \x20 const same = (ix) => JSON.stringify(ix.key) === JSON.stringify(keys)\n\
+         \x20   && JSON.stringify(ix.partialFilterExpression) === JSON.stringify(options.partialFilterExpression)\n\
+         \x20   && Boolean(ix.unique) === Boolean(options.unique);\n\
          \x20 for (const ix of coll.getIndexes()) {\n\
-         \x20   if (ix.name === options.name && (JSON.stringify(ix.key) !== same\n\
-         \x20       || JSON.stringify(ix.partialFilterExpression) !== JSON.stringify(options.partialFilterExpression)\n\
-         \x20       || Boolean(ix.unique) !== Boolean(options.unique))) coll.dropIndex(ix.name);\n\
+         \x20   if ((ix.name === options.name) !== same(ix)) coll.dropIndex(ix.name);\n\
          \x20 }\n\
          \x20 coll.createIndex(keys, options);\n\
          }\n",
     );
     for spec in indexes() {
-        let mut options = doc! { "name": spec.name };
-        if spec.unique {
-            options.insert("unique", true);
-        }
-        if let Some(p) = &spec.partial {
-            options.insert("partialFilterExpression", p.clone());
-        }
         out.push_str(&format!(
             "\n// {}\nensureIndex({}, {}, {});\n",
             spec.why,
             collection_js(ns, spec.collection),
             js(&spec.keys),
-            js(&options)
+            js(&spec.options())
         ));
     }
     out.push_str(&format!(
         "\n// Workers lease lanes, not deliveries: 256 lane documents.\n\
          for (let lane = 0; lane < 256; lane++) {{\n\
-         \x20 {}.updateOne({{ _id: lane }}, {{ $setOnInsert: {{ epoch: NumberLong(0), owner: null,\n\
+         \x20 {}.updateOne({{ _id: lane }}, {{ $setOnInsert: {{ epoch: NumberLong(\"0\"), owner: null,\n\
          \x20   holder: null, leaseExpiresAt: null, inFlight: [], lost: [] }} }}, {{ upsert: true }});\n\
          }}\n\
          \n// The version, written last: `relaybus setup --check` reads it.\n\

@@ -318,6 +318,11 @@ impl Pool {
         &self.opts
     }
 
+    /// Whether statements are prepared once per connection (not behind a transaction pooler).
+    pub(crate) fn prepared_statements(&self) -> bool {
+        self.session.prepared
+    }
+
     pub(crate) fn counts(&self) -> ClientCounts {
         ClientCounts {
             statements: self.counts.statements.load(Ordering::Relaxed),

@@ -8,6 +8,7 @@ mod bench;
 mod conn;
 mod conninfo;
 mod dispatch;
+mod doctor;
 mod publish;
 mod schema;
 mod sql;
@@ -183,5 +184,9 @@ impl Store for PgStore {
 
     fn client_counts(&self) -> ClientCounts {
         self.pool.counts()
+    }
+
+    async fn doctor(&self) -> Result<Vec<crate::store::doctor::Check>> {
+        self.doctor_impl().await
     }
 }

@@ -115,7 +115,10 @@ impl PgStore {
 
     /// How the indexes differ from 0.2's, by definition: the indexes to drop, and the 0.2 indexes
     /// to create.
-    async fn index_drift(&self, client: &impl GenericClient) -> Result<(Vec<String>, Vec<String>)> {
+    pub(in crate::store::postgres) async fn index_drift(
+        &self,
+        client: &impl GenericClient,
+    ) -> Result<(Vec<String>, Vec<String>)> {
         let mut dropped = Vec::new();
         let mut created = Vec::new();
         for row in client

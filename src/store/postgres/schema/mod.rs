@@ -7,4 +7,5 @@ mod locks;
 mod migrate;
 mod render;
 
+pub(super) use render::install_script;
 pub(crate) use render::script;

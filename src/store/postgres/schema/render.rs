@@ -60,6 +60,11 @@ pub(crate) fn script(ns: &Namespace, script: &Script) -> String {
     }
 }
 
+/// The install script of a namespace, as `setup` and `schema-sql` run it.
+pub(in crate::store::postgres) fn install_script(ns: &Namespace) -> String {
+    script(ns, &Script::Install)
+}
+
 /// A runnable part of the conversion, with the description its header comment gives.
 pub(super) struct ScriptStep {
     pub(super) name: String,

@@ -1,0 +1,199 @@
+//! `doctor` on MongoDB: the collections, the indexes (by definition), the 256 lane documents
+//! and the version document against what this version installs, each finding with the
+//! `mongosh` statements that repair it; and parked deliveries left at the head of their key,
+//! which no claim would ever see.
+
+use mongodb::bson::{doc, Bson, Document};
+
+use super::model::all;
+use super::schema::{collection_js, drift, indexes, js, IndexSpec, COLLECTIONS, VERSION_ID};
+use super::{MongoStore, DELIVERIES, LANES, PARKED, SCHEMA};
+use crate::store::doctor::Check;
+use crate::store::{Result, SCHEMA_VERSION};
+
+impl MongoStore {
+    pub(super) async fn doctor_impl(&self) -> Result<Vec<Check>> {
+        let ns = &self.ns;
+        let existing = self.existing().await?;
+        let mut checks = vec![];
+        for c in COLLECTIONS
+            .iter()
+            .filter(|c| !existing.iter().any(|e| e == *c))
+        {
+            let mut fix = format!("rb.createCollection({});\n", quoted(&self.name(c)));
+            for spec in indexes().into_iter().filter(|s| s.collection == *c) {
+                fix.push_str(&create_index(&collection_js(ns, c), &spec));
+            }
+            checks.push(
+                Check::fail(
+                    "table",
+                    self.name(c),
+                    "missing",
+                    "create it and its indexes",
+                )
+                .with_fix(fix),
+            );
+        }
+        if checks.is_empty() {
+            checks.push(Check::ok("table", "collections", "every 0.2 collection"));
+        }
+        let mut index_checks = vec![];
+        for c in existing
+            .iter()
+            .filter(|c| [DELIVERIES, "events", "completions"].contains(&c.as_str()))
+        {
+            let (dropped, created) = drift(c, &self.indexes_of(c).await?);
+            let coll = collection_js(ns, c);
+            for name in &dropped {
+                let mut fix = format!("{coll}.dropIndex({});\n", quoted(name));
+                let recreated = created.contains(&name.as_str());
+                if let Some(spec) = indexes()
+                    .into_iter()
+                    .find(|s| s.collection == c && s.name == name && recreated)
+                {
+                    fix.push_str(&create_index(&coll, &spec));
+                }
+                index_checks.push(
+                    Check::fail(
+                        "index",
+                        format!("{}.{name}", self.name(c)),
+                        if recreated {
+                            "defined otherwise than 0.2 defines it"
+                        } else {
+                            "not an index of 0.2 (a 0.1 index, or a copy of a 0.2 one)"
+                        },
+                        if recreated { "recreate it" } else { "drop it" },
+                    )
+                    .with_fix(fix),
+                );
+            }
+            for spec in indexes().into_iter().filter(|s| {
+                s.collection == c
+                    && created.contains(&s.name)
+                    && !dropped.iter().any(|d| d == s.name)
+            }) {
+                index_checks.push(
+                    Check::fail(
+                        "index",
+                        format!("{}.{}", self.name(c), spec.name),
+                        "missing",
+                        "create it",
+                    )
+                    .with_fix(create_index(&coll, &spec)),
+                );
+            }
+        }
+        if index_checks.is_empty() {
+            index_checks.push(Check::ok(
+                "index",
+                "indexes",
+                "every 0.2 index, by definition, and no other",
+            ));
+        }
+        checks.extend(index_checks);
+        let failed = self.conn.error("could not read the store");
+        if existing.iter().any(|e| e == LANES) {
+            let lanes = self.coll(LANES).await?;
+            let inside = lanes
+                .count_documents(doc! { "_id": { "$gte": 0, "$lt": 256 } })
+                .await
+                .map_err(&failed)?;
+            let outside = lanes
+                .count_documents(doc! { "_id": { "$not": { "$gte": 0, "$lt": 256 } } })
+                .await
+                .map_err(&failed)?;
+            let subject = self.name(LANES);
+            checks.push(if (inside, outside) == (256, 0) {
+                Check::ok("lanes", subject, "256 lane documents, 0..255")
+            } else {
+                let coll = collection_js(ns, LANES);
+                let mut fix = format!(
+                    "for (let lane = 0; lane < 256; lane++) {{\n  {coll}.updateOne({{ _id: lane }}, {{ $setOnInsert: {{ epoch: NumberLong(\"0\"), owner: null, holder: null, leaseExpiresAt: null, inFlight: [], lost: [] }} }}, {{ upsert: true }});\n}}\n"
+                );
+                if outside > 0 {
+                    fix.push_str(&format!("{coll}.deleteMany({{ _id: {{ $not: {{ $gte: 0, $lt: 256 }} }} }});\n"));
+                }
+                Check::fail(
+                    "lanes",
+                    subject,
+                    format!("{inside} of the 256 lane documents, {outside} outside 0..255"),
+                    "restore exactly the lanes 0..255",
+                )
+                .with_fix(fix)
+            });
+        }
+        if existing.iter().any(|e| e == SCHEMA) {
+            let subject = self.name(SCHEMA);
+            checks.push(match self.version().await?.as_deref() {
+                Some(SCHEMA_VERSION) => Check::ok("version", subject, format!("version {SCHEMA_VERSION}")),
+                other => Check::fail(
+                    "version",
+                    subject,
+                    format!("the version document says {}", other.unwrap_or("nothing")),
+                    "record the version",
+                )
+                .with_fix(format!(
+                    "{}.updateOne({{ _id: \"{VERSION_ID}\" }}, {{ $set: {{ version: \"{SCHEMA_VERSION}\" }} }}, {{ upsert: true }});\n",
+                    collection_js(ns, SCHEMA)
+                )),
+            });
+        }
+        if existing.iter().any(|e| e == DELIVERIES) {
+            checks.push(self.stranded().await?);
+        }
+        Ok(checks)
+    }
+
+    /// Keys whose head (lowest pending sequence) is parked: nothing would ever release them.
+    async fn stranded(&self) -> Result<Check> {
+        let failed = self.conn.error("could not read the keyed deliveries");
+        let cursor = self
+            .coll(DELIVERIES)
+            .await?
+            .aggregate([
+                doc! { "$match": { "status": "pending", "key": { "$type": "string" } } },
+                doc! { "$sort": { "laneId": 1, "handler": 1, "key": 1, "sequence": 1 } },
+                doc! { "$group": {
+                    "_id": { "lane": "$laneId", "handler": "$handler", "key": "$key" },
+                    "head": { "$first": "$_id" }, "lane": { "$first": "$lane" },
+                } },
+                doc! { "$match": { "lane": PARKED } },
+            ])
+            .await
+            .map_err(&failed)?;
+        let heads: Vec<Bson> = all(cursor)
+            .await
+            .map_err(&failed)?
+            .iter()
+            .filter_map(|d: &Document| d.get("head").cloned())
+            .collect();
+        let subject = self.name(DELIVERIES);
+        Ok(if heads.is_empty() {
+            Check::ok("parking", subject, "every key's head is ready")
+        } else {
+            let ids = Bson::Array(heads.clone()).into_relaxed_extjson();
+            Check::fail(
+                "parking",
+                subject,
+                format!("{} keys have a parked head that no claim would see", heads.len()),
+                "make their heads ready",
+            )
+            .with_fix(format!(
+                "{}.updateMany({{ _id: {{ $in: {ids} }} }}, {{ $set: {{ lane: \"ready\", holdsBack: 1 }} }});\n",
+                collection_js(&self.ns, DELIVERIES)
+            ))
+        })
+    }
+}
+
+fn create_index(coll: &str, spec: &IndexSpec) -> String {
+    format!(
+        "{coll}.createIndex({}, {});\n",
+        js(&spec.keys),
+        js(&spec.options())
+    )
+}
+
+fn quoted(text: &str) -> String {
+    serde_json::to_string(text).expect("a string serialises")
+}

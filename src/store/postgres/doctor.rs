@@ -1,0 +1,533 @@
+//! `doctor` on PostgreSQL. Drift is found against the real thing: the install script of this
+//! version is applied to a scratch schema inside a transaction that is rolled back, and the
+//! catalogs of the two are compared (columns, storage parameters), with the indexes compared by
+//! definition and the lane and version rows counted. Each finding carries the statements that
+//! repair it, taken from the install script where it has them. Health comes from the server's
+//! statistics: dead tuples, the cleanup horizon, HOT lane updates, and the settings a worker
+//! behind a pooler inherits.
+
+use std::collections::BTreeMap;
+
+use tokio_postgres::GenericClient;
+
+use super::conn::db;
+use super::schema::install_script;
+use super::PgStore;
+use crate::store::doctor::Check;
+use crate::store::{Namespace, Result, SCHEMA_VERSION};
+
+/// A dead-tuple count worth a warning: this many, and this share of the table.
+const DEAD_TUPLES: i64 = 10_000;
+const DEAD_SHARE: f64 = 0.2;
+/// A snapshot held longer than this holds back cleanup worth a warning.
+const HORIZON_SECONDS: f64 = 300.0;
+
+/// A column as the catalog defines it: type, NOT NULL, default.
+type Column = (String, bool, Option<String>);
+
+/// The statements of a rendered script that create or fill `table`: its CREATE TABLE, CREATE
+/// INDEX and INSERT statements, found by the first schema-qualified name each one names.
+fn statements_of(script: &str, ns: &Namespace, table: &str) -> String {
+    let qualified = format!("\"{}\".\"", ns.schema());
+    let wanted = ns.table_name(table);
+    let mut out = String::new();
+    let mut statement = String::new();
+    for line in script.lines() {
+        let starts = [
+            "CREATE TABLE",
+            "CREATE INDEX",
+            "CREATE UNIQUE INDEX",
+            "INSERT INTO",
+        ]
+        .iter()
+        .any(|k| line.starts_with(k));
+        if statement.is_empty() && !starts {
+            continue;
+        }
+        statement.push_str(line);
+        statement.push('\n');
+        if line.trim_end().ends_with(';') {
+            let target = statement.find(&qualified).and_then(|at| {
+                let name = &statement[at + qualified.len()..];
+                name.find('"').map(|end| &name[..end])
+            });
+            if target == Some(wanted.as_str()) {
+                out.push_str(&statement);
+            }
+            statement.clear();
+        }
+    }
+    out
+}
+
+/// The statement of a rendered script that creates the index `name`.
+fn index_statement(script: &str, name: &str) -> Option<String> {
+    let quoted = format!("\"{name}\"");
+    let mut statement = String::new();
+    for line in script.lines() {
+        if statement.is_empty() && !line.starts_with("CREATE") {
+            continue;
+        }
+        statement.push_str(line);
+        statement.push('\n');
+        if line.trim_end().ends_with(';') {
+            if statement.contains("INDEX") && statement.contains(&quoted) {
+                return Some(statement);
+            }
+            statement.clear();
+        }
+    }
+    None
+}
+
+impl PgStore {
+    pub(super) async fn doctor_impl(&self) -> Result<Vec<Check>> {
+        let mut conn = self.pool.get().await?;
+        let mut checks = self.drift(&mut conn.client).await?;
+        checks.extend(self.health(&conn.client).await?);
+        Ok(checks)
+    }
+
+    async fn columns(
+        &self,
+        client: &impl GenericClient,
+        schema: &str,
+    ) -> Result<BTreeMap<String, BTreeMap<String, Column>>> {
+        let mut tables: BTreeMap<String, BTreeMap<String, Column>> = BTreeMap::new();
+        for r in client
+            .query_typed(
+                &self.sql.doctor_columns.text,
+                &self.sql.doctor_columns.typed(&[&schema]),
+            )
+            .await
+            .map_err(db("could not read the catalog"))?
+        {
+            tables
+                .entry(r.get(0))
+                .or_default()
+                .insert(r.get(1), (r.get(2), r.get(3), r.get(4)));
+        }
+        Ok(tables)
+    }
+
+    async fn storage(
+        &self,
+        client: &impl GenericClient,
+        schema: &str,
+    ) -> Result<BTreeMap<String, Vec<String>>> {
+        Ok(client
+            .query_typed(
+                &self.sql.doctor_storage.text,
+                &self.sql.doctor_storage.typed(&[&schema]),
+            )
+            .await
+            .map_err(db("could not read the storage parameters"))?
+            .iter()
+            .map(|r| {
+                let mut options: Vec<String> = r.get(1);
+                options.sort();
+                (r.get(0), options)
+            })
+            .collect())
+    }
+
+    /// The installed schema against a fresh install of this version.
+    async fn drift(&self, client: &mut tokio_postgres::Client) -> Result<Vec<Check>> {
+        let reference = Namespace::new(
+            &format!("relaybus_doctor_{:08x}", rand::random::<u32>()),
+            self.ns.prefix(),
+        )?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(db("could not begin a transaction"))?;
+        tx.batch_execute(&install_script(&reference))
+            .await
+            .map_err(db(
+                "could not install the reference schema in a scratch transaction; \
+                         doctor needs the CREATE privilege on the database to compare",
+            ))?;
+        let (want, have) = (
+            self.columns(&tx, reference.schema()).await?,
+            self.columns(&tx, self.ns.schema()).await?,
+        );
+        let (want_storage, have_storage) = (
+            self.storage(&tx, reference.schema()).await?,
+            self.storage(&tx, self.ns.schema()).await?,
+        );
+        tx.rollback()
+            .await
+            .map_err(db("could not roll back the scratch transaction"))?;
+        let script = install_script(&self.ns);
+        let table = |name: &str| self.ns.table(&name[self.ns.prefix().len()..]);
+        let mut checks = vec![];
+        for (name, columns) in &want {
+            let Some(found) = have.get(name) else {
+                checks.push(
+                    Check::fail("table", name, "missing", "create it (and its indexes)").with_fix(
+                        statements_of(&script, &self.ns, &name[self.ns.prefix().len()..]),
+                    ),
+                );
+                continue;
+            };
+            for (column, (kind, not_null, default)) in columns {
+                let subject = format!("{name}.{column}");
+                let t = table(name);
+                let def = |d: &Option<String>| {
+                    d.as_deref()
+                        .map(|d| format!(" DEFAULT {d}"))
+                        .unwrap_or_default()
+                };
+                match found.get(column) {
+                    None => {
+                        let fix = match (not_null, default) {
+                            (true, Some(_)) => format!(
+                                "ALTER TABLE {t} ADD COLUMN \"{column}\" {kind} NOT NULL{};\n",
+                                def(default)
+                            ),
+                            _ => format!(
+                                "ALTER TABLE {t} ADD COLUMN \"{column}\" {kind}{};\n",
+                                def(default)
+                            ),
+                        };
+                        checks.push(
+                            Check::fail("column", subject, "missing", "add it").with_fix(fix),
+                        );
+                    }
+                    Some((have_kind, have_not_null, have_default)) => {
+                        let mut fix = String::new();
+                        let mut found = vec![];
+                        if have_kind != kind {
+                            found.push(format!("type {have_kind}, not {kind}"));
+                            fix.push_str(&format!("ALTER TABLE {t} ALTER COLUMN \"{column}\" TYPE {kind} USING \"{column}\"::{kind};\n"));
+                        }
+                        if have_default != default {
+                            found.push(format!(
+                                "default {}, not {}",
+                                have_default.as_deref().unwrap_or("none"),
+                                default.as_deref().unwrap_or("none")
+                            ));
+                            fix.push_str(&match default {
+                                Some(d) => format!(
+                                    "ALTER TABLE {t} ALTER COLUMN \"{column}\" SET DEFAULT {d};\n"
+                                ),
+                                None => format!(
+                                    "ALTER TABLE {t} ALTER COLUMN \"{column}\" DROP DEFAULT;\n"
+                                ),
+                            });
+                        }
+                        if have_not_null != not_null {
+                            found.push(if *not_null {
+                                "nullable, not NOT NULL".to_owned()
+                            } else {
+                                "NOT NULL, not nullable".to_owned()
+                            });
+                            let verb = if *not_null { "SET" } else { "DROP" };
+                            fix.push_str(&format!(
+                                "ALTER TABLE {t} ALTER COLUMN \"{column}\" {verb} NOT NULL;\n"
+                            ));
+                        }
+                        if !fix.is_empty() {
+                            checks.push(
+                                Check::fail(
+                                    "column",
+                                    subject,
+                                    found.join("; "),
+                                    "redefine it as 0.2 does",
+                                )
+                                .with_fix(fix),
+                            );
+                        }
+                    }
+                }
+            }
+            for column in found.keys().filter(|c| !columns.contains_key(*c)) {
+                checks.push(
+                    Check::warn(
+                        "column",
+                        format!("{name}.{column}"),
+                        "not a column of 0.2",
+                        "drop it",
+                    )
+                    .with_fix(format!(
+                        "ALTER TABLE {} DROP COLUMN \"{column}\";\n",
+                        table(name)
+                    )),
+                );
+            }
+            let (want_options, have_options) = (
+                &want_storage[name],
+                have_storage.get(name).cloned().unwrap_or_default(),
+            );
+            if *want_options != have_options {
+                let set = if want_options.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "ALTER TABLE {} SET ({});\n",
+                        table(name),
+                        want_options.join(", ")
+                    )
+                };
+                let extra: Vec<&str> = have_options
+                    .iter()
+                    .filter_map(|o| o.split_once('=').map(|(k, _)| k))
+                    .filter(|k| !want_options.iter().any(|w| w.starts_with(&format!("{k}="))))
+                    .collect();
+                let reset = if extra.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "ALTER TABLE {} RESET ({});\n",
+                        table(name),
+                        extra.join(", ")
+                    )
+                };
+                checks.push(
+                    Check::fail(
+                        "storage",
+                        name,
+                        format!(
+                            "({}), not ({})",
+                            have_options.join(", "),
+                            want_options.join(", ")
+                        ),
+                        "set the storage parameters 0.2 sets",
+                    )
+                    .with_fix(set + &reset),
+                );
+            }
+        }
+        for name in have.keys().filter(|t| !want.contains_key(*t)) {
+            checks.push(
+                Check::warn(
+                    "table",
+                    name,
+                    "not a table of 0.2",
+                    "drop it, or choose another --prefix",
+                )
+                .with_fix(format!("DROP TABLE {};\n", table(name))),
+            );
+        }
+        if checks
+            .iter()
+            .all(|c| c.check != "table" && c.check != "column" && c.check != "storage")
+        {
+            checks.push(Check::ok(
+                "table",
+                "tables",
+                format!(
+                    "{} tables, their columns and storage as 0.2 installs them",
+                    want.len()
+                ),
+            ));
+        }
+        if have.contains_key(&self.ns.table_name("deliveries")) {
+            // The indexes of a missing table come with it.
+            let missing: Vec<String> = want
+                .keys()
+                .filter(|t| !have.contains_key(*t))
+                .map(|t| table(t))
+                .collect();
+            checks.extend(
+                self.index_checks(client, &script)
+                    .await?
+                    .into_iter()
+                    .filter(|c| {
+                        !c.fix
+                            .as_ref()
+                            .is_some_and(|f| missing.iter().any(|t| f.contains(t.as_str())))
+                    }),
+            );
+        }
+        if have.contains_key(&self.ns.table_name("lanes")) {
+            checks.push(self.lane_check(client, &script).await?);
+        }
+        if have.contains_key(&self.ns.table_name("schema")) {
+            checks.push(self.version_check(client, &script).await?);
+        }
+        Ok(checks)
+    }
+
+    async fn index_checks(&self, client: &impl GenericClient, script: &str) -> Result<Vec<Check>> {
+        let (dropped, created) = self.index_drift(client).await?;
+        let mut checks = vec![];
+        for name in &dropped {
+            let mut fix = format!("DROP INDEX \"{}\".\"{name}\";\n", self.ns.schema());
+            let recreated = created.contains(name);
+            if recreated {
+                fix.push_str(&index_statement(script, name).unwrap_or_default());
+            }
+            checks.push(
+                Check::fail(
+                    "index",
+                    name,
+                    if recreated {
+                        "defined otherwise than 0.2 defines it"
+                    } else {
+                        "not an index of 0.2 (a 0.1 index, or a copy of a 0.2 one)"
+                    },
+                    if recreated { "recreate it" } else { "drop it" },
+                )
+                .with_fix(fix),
+            );
+        }
+        for name in created.iter().filter(|n| !dropped.contains(n)) {
+            checks.push(
+                Check::fail("index", name, "missing", "create it")
+                    .with_fix(index_statement(script, name).unwrap_or_default()),
+            );
+        }
+        if checks.is_empty() {
+            checks.push(Check::ok(
+                "index",
+                "indexes",
+                "every 0.2 index, by definition, and no other",
+            ));
+        }
+        Ok(checks)
+    }
+
+    async fn lane_check(&self, client: &impl GenericClient, script: &str) -> Result<Check> {
+        let r = client
+            .query_typed_one(&self.sql.doctor_lanes.text, &[])
+            .await
+            .map_err(db("could not count the lanes"))?;
+        let (inside, outside): (i64, i64) = (r.get(0), r.get(1));
+        let lanes = self.ns.table("lanes");
+        Ok(match (inside, outside) {
+            (256, 0) => Check::ok(
+                "lanes",
+                self.ns.table_name("lanes"),
+                "256 lane rows, 0..255",
+            ),
+            _ => {
+                let mut fix = statements_of(script, &self.ns, "lanes")
+                    .lines()
+                    .skip_while(|l| !l.starts_with("INSERT INTO"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+                    + "\n";
+                if outside > 0 {
+                    fix.push_str(&format!(
+                        "DELETE FROM {lanes} WHERE lane NOT BETWEEN 0 AND 255;\n"
+                    ));
+                }
+                Check::fail(
+                    "lanes",
+                    self.ns.table_name("lanes"),
+                    format!("{inside} of the 256 lane rows, {outside} outside 0..255"),
+                    "restore exactly the lanes 0..255",
+                )
+                .with_fix(fix)
+            }
+        })
+    }
+
+    async fn version_check(&self, client: &impl GenericClient, script: &str) -> Result<Check> {
+        let version: Option<String> = client
+            .query_typed_opt(&self.sql.version.text, &[])
+            .await
+            .map_err(db("could not read the schema version"))?
+            .map(|r| r.get(0));
+        let subject = self.ns.table_name("schema");
+        Ok(match version.as_deref() {
+            Some(SCHEMA_VERSION) => {
+                Check::ok("version", subject, format!("version {SCHEMA_VERSION}"))
+            }
+            other => Check::fail(
+                "version",
+                subject,
+                format!("version row says {}", other.unwrap_or("nothing")),
+                "record the version",
+            )
+            .with_fix(statements_of(script, &self.ns, "schema")),
+        })
+    }
+
+    async fn health(&self, client: &impl GenericClient) -> Result<Vec<Check>> {
+        let mut checks = vec![];
+        for r in client
+            .query_typed(&self.sql.doctor_vacuum.text, &[])
+            .await
+            .map_err(db("could not read the table statistics"))?
+        {
+            let (name, live, dead, vacuumed, updated, hot): (
+                String,
+                i64,
+                i64,
+                Option<String>,
+                i64,
+                i64,
+            ) = (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
+            let last = vacuumed.unwrap_or_else(|| "never".into());
+            let share = dead as f64 / (live + dead).max(1) as f64;
+            checks.push(if dead > DEAD_TUPLES && share > DEAD_SHARE {
+                Check::warn(
+                    "vacuum",
+                    &name,
+                    format!("{dead} dead tuples ({:.0}% of the table), last vacuum {last}", share * 100.0),
+                    format!("run VACUUM (ANALYZE) on it; if autovacuum falls behind, lower autovacuum_vacuum_cost_delay on {name}"),
+                )
+            } else {
+                Check::ok("vacuum", &name, format!("{dead} dead tuples, last vacuum {last}"))
+            });
+            if name == self.ns.table_name("lanes") {
+                let cold = updated - hot;
+                checks.push(if updated > 100 && cold * 100 > updated {
+                    Check::warn(
+                        "hot",
+                        &name,
+                        format!("{cold} of {updated} lane updates since the statistics reset were not HOT"),
+                        "an index on the lanes, a fillfactor other than 50, or in-flight lists too long for a page (a smaller --batch-size) each turn HOT updates off",
+                    )
+                } else {
+                    Check::ok("hot", &name, format!("{hot} of {updated} lane updates HOT"))
+                });
+            }
+        }
+        let horizon = client
+            .query_typed_opt(&self.sql.doctor_horizon.text, &[])
+            .await
+            .map_err(db("could not read the sessions"))?;
+        checks.push(match horizon {
+            Some(r) if r.get::<_, Option<f64>>(2).unwrap_or(0.0) > HORIZON_SECONDS => {
+                let (pid, app, age, state, query): (i32, Option<String>, Option<f64>, Option<String>, Option<String>) =
+                    (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
+                Check::warn(
+                    "cleanup",
+                    "cluster",
+                    format!(
+                        "session {pid} ({}) has held a snapshot for {}s, {}: {}",
+                        app.filter(|a| !a.is_empty()).unwrap_or_else(|| "no application name".into()),
+                        age.unwrap_or(0.0).round(),
+                        state.unwrap_or_default(),
+                        query.unwrap_or_default().trim()
+                    ),
+                    format!("no dead tuple newer than it can be cleaned up; end that transaction (SELECT pg_terminate_backend({pid}) if it is stuck)"),
+                )
+            }
+            _ => Check::ok("cleanup", "cluster", "no snapshot older than 5 minutes holds back cleanup"),
+        });
+        let r = client
+            .query_typed_one(&self.sql.doctor_settings.text, &[])
+            .await
+            .map_err(db("could not read the session settings"))?;
+        let (role, jit, plan_cache): (String, String, String) = (r.get(0), r.get(1), r.get(2));
+        checks.push(match (self.pool.prepared_statements(), jit.as_str()) {
+            (true, _) => Check::ok(
+                "session",
+                &role,
+                "workers with prepared statements set jit = off and plan each statement once for their own sessions",
+            ),
+            (false, "on") => Check::warn(
+                "session",
+                &role,
+                format!("jit = on, plan_cache_mode = {plan_cache}: workers with --no-prepared-statements inherit the role's settings, and a claim compiles before it runs"),
+                format!("ALTER ROLE \"{role}\" SET jit = off"),
+            ),
+            (false, _) => Check::ok("session", &role, format!("jit = {jit}, plan_cache_mode = {plan_cache}")),
+        });
+        Ok(checks)
+    }
+}
