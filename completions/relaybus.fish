@@ -208,7 +208,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -s h -l help -d 'Print help'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l id -d 'Delivery id (repeatable)' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l handler -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l handler -d 'Handler of the dead deliveries' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l type -d 'Event type' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l error-contains -d 'Text the last error contains' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r

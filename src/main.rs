@@ -7,6 +7,7 @@ use relaybus::cli::{self, Cli};
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    let json = cli.global.json;
     match cli::run(cli).await {
         Ok(code) => code,
         Err(e) => {
@@ -18,8 +19,15 @@ async fn main() -> ExitCode {
             if broken_pipe {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            let code = cli::exit_code(&e);
+            if json {
+                let error =
+                    serde_json::json!({"error": {"message": format!("{e:#}"), "exit_code": code}});
+                eprintln!("{error}");
+            } else {
+                eprintln!("error: {e:#}");
+            }
+            ExitCode::from(code)
         }
     }
 }

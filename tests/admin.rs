@@ -279,7 +279,12 @@ fn requeue_selects_only_dead_deliveries_and_asks_first() {
     bury(&s, "billing", "HTTP 503 from billing");
     bury(&s, "crm", "crm rejected");
     let out = s.cmd().args(["dead", "requeue"]).output().unwrap();
-    assert_eq!(stderr(&out), "error: say which dead deliveries to requeue: --id, --handler, --type, --error-contains, or --all\n");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).starts_with("error: the following required arguments were not provided:\n  <--id <ID>|--handler <NAME>|--type <TYPE>|--error-contains <TEXT>|--all>\n"),
+        "{}",
+        stderr(&out)
+    );
     s.cmd()
         .args(["dead", "requeue", "--error-contains", "503", "--dry-run"])
         .assert()
@@ -290,7 +295,7 @@ fn requeue_selects_only_dead_deliveries_and_asks_first() {
         .args(["dead", "requeue", "--handler", "crm", "--type", "user.new"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert_eq!(stderr(&out), "error: Requeue 2 dead deliveries? Not confirmed: standard input is not a terminal; rerun with --yes to proceed\n");
     assert_eq!(
         s.count(&format!(

@@ -39,12 +39,12 @@ fn exit_codes() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    // Failures are 1, with what to do next.
+    // A server that does not answer is 69 (EX_UNAVAILABLE), with what to do next.
     let out = relaybus()
         .args(["--database-url", "postgres://x@127.0.0.1:1/x", "stats"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(69));
     assert!(String::from_utf8_lossy(&out.stderr)
         .starts_with("error: could not connect to PostgreSQL at 127.0.0.1:1/x as x: "));
     relaybus().arg("--help").assert().success().code(0);
@@ -52,6 +52,64 @@ fn exit_codes() {
         .args(["schema-sql", "--prefix", "x_"])
         .assert()
         .success();
+}
+
+/// What is wrong with what was typed is 2 also when it is found after parsing; `setup --check`
+/// tells "not current" (1) from "no server" (69); with --json the error is JSON on stderr.
+#[test]
+fn usage_errors_found_after_parsing_are_2_and_errors_are_json_with_json() {
+    let s = TestSchema::new("exit_after_parse");
+    for (args, message) in [
+        (
+            vec!["run", "--drain"],
+            "error: nothing to run: give --handler NAME",
+        ),
+        (
+            vec!["purge", "--yes"],
+            "error: nothing to purge: give --completed-older-than",
+        ),
+        (
+            vec!["dead", "requeue", "--yes"],
+            "error: the following required arguments were not provided",
+        ),
+        (
+            vec!["--schema", "Bad", "stats"],
+            "error: invalid schema `Bad`",
+        ),
+        (
+            vec!["run", "--config", "/nonexistent.toml"],
+            "error: could not read",
+        ),
+    ] {
+        let out = s.cmd().args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).starts_with(message),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
+    let out = s.cmd().args(["setup", "--check"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let out = relaybus()
+        .args([
+            "--database-url",
+            "postgres://x@127.0.0.1:1/x",
+            "setup",
+            "--check",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69));
+    let out = s.cmd().args(["--json", "run", "--drain"]).output().unwrap();
+    let error: serde_json::Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(
+        error,
+        serde_json::json!({"error": {
+            "message": "nothing to run: give --handler NAME with --exec CMD or --webhook URL, or --config FILE",
+            "exit_code": 2,
+        }})
+    );
 }
 
 /// `relaybus ... | head` closes the pipe: writing to it is the reader's choice, not a failure,

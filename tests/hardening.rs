@@ -93,7 +93,7 @@ fn an_empty_handler_command_is_refused_and_nothing_is_consumed() {
             .arg("--drain")
             .output()
             .unwrap();
-        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
         assert_eq!(
             stderr(&out),
             "error: handler `h`: the command is empty; give a command to run, or --noop to \
@@ -167,7 +167,7 @@ fn durations_and_counts_out_of_range_are_usage_errors() {
                 config.clone(),
                 "--drain".into(),
             ],
-            1,
+            2,
             "handler `h`: `timeout`: 0s is out of range: give a duration from 1ms to 1day",
         ),
     ];
@@ -205,7 +205,7 @@ fn a_webhook_secret_is_checked_only_where_it_signs() {
         ])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         stderr(&out),
         "error: handler `h`: invalid --webhook-secret (or RELAYBUS_WEBHOOK_SECRET): the webhook \
@@ -349,7 +349,7 @@ fn key_value_strings_and_tls_modes_reach_the_server_as_libpq_would() {
     let out = check(&format!(
         "host=127.0.0.1 user=postgres dbname=test sslmode=verify-full sslrootcert={root}"
     ));
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(69));
     assert!(
         stderr(&out).contains("certificate not valid for name \"127.0.0.1\""),
         "{}",
@@ -427,7 +427,7 @@ fn passwords_and_webhook_secrets_never_reach_the_output() {
         .args(["run", "--config", config.to_str().unwrap()])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         stderr(&out),
         format!(
@@ -459,7 +459,7 @@ fn a_server_that_never_answers_fails_within_the_connect_timeout() {
         .output()
         .unwrap();
     let took = started.elapsed();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(69));
     assert_eq!(
         stderr(&out),
         format!(
@@ -800,6 +800,6 @@ fn setup_refuses_to_adopt_an_application_s_table() {
             .args(args)
             .output()
             .unwrap();
-        assert_eq!((out.status.code(), stderr(&out)), (Some(1), message.to_owned()));
+        assert_eq!((out.status.code(), stderr(&out)), (Some(2), message.to_owned()));
     }
 }

@@ -534,3 +534,37 @@ fn a_publish_wakes_an_idle_worker_long_before_its_poll_interval() {
         "handled 1, failed attempts 0, dead 0, lease lost 0, released 0\n"
     );
 }
+
+/// A second signal aborts what runs and exits with 128 + its number: 143 after SIGTERM, 130
+/// after SIGINT; the aborted delivery is released, not charged.
+#[test]
+fn a_second_signal_exits_with_128_plus_its_number() {
+    for (second, code) in [
+        (nix::sys::signal::Signal::SIGTERM, 143),
+        (nix::sys::signal::Signal::SIGINT, 130),
+    ] {
+        let s = TestSchema::installed(&format!("run_second_{code}"));
+        publish(&s, &[event("slow", None, &["h"], serde_json::json!({}))]);
+        let worker = spawn_worker(
+            &s,
+            &[
+                "--handler",
+                "h",
+                "--exec",
+                "sleep 30",
+                "--poll-interval",
+                "50ms",
+            ],
+        );
+        wait_in_flight(&s, 1);
+        signal(&worker, nix::sys::signal::Signal::SIGTERM);
+        std::thread::sleep(Duration::from_millis(200));
+        signal(&worker, second);
+        let out = finish(worker, Duration::from_secs(30));
+        assert_eq!(out.status.code(), Some(code), "{}", stderr(&out));
+        assert_eq!(
+            stdout(&out),
+            "handled 0, failed attempts 0, dead 0, lease lost 0, released 1\n"
+        );
+    }
+}

@@ -416,7 +416,7 @@ fn upgrade_needs_confirmation_without_a_terminal() {
     let s = TestSchema::with_fixture_0_1("confirm");
     let before = snapshot(&s);
     let out = s.cmd().arg("upgrade").output().unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out)
         .contains("Not confirmed: standard input is not a terminal; rerun with --yes to proceed"));
     assert_eq!(snapshot(&s), before);
@@ -468,7 +468,7 @@ fn bad_names_and_urls_are_refused_with_what_to_do() {
         .args(["--prefix", "Bad-Prefix", "setup"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert_eq!(
         stderr(&out),
         "error: invalid prefix `Bad-Prefix`: only lower-case ASCII letters, digits and `_` are allowed; pass a name like `relaybus_`\n"
@@ -492,7 +492,7 @@ fn bad_names_and_urls_are_refused_with_what_to_do() {
         .arg("setup")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(69));
     assert!(!stderr(&out).contains("hunter2"));
     assert!(stderr(&out)
         .starts_with("error: could not connect to PostgreSQL at 127.0.0.1:1/x as app: "));

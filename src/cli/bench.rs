@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 
 use super::{within, GlobalArgs, Output};
@@ -100,7 +100,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<Ex
     if !a.cells.is_empty() {
         for wanted in &a.cells {
             if !cells.iter().any(|c| c.to_string() == *wanted) {
-                bail!("no cell `{wanted}`; `relaybus bench --list` shows them");
+                super::usage!("no cell `{wanted}`; `relaybus bench --list` shows them");
             }
         }
         cells.retain(|c| a.cells.contains(&c.to_string()));

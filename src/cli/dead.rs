@@ -2,12 +2,12 @@
 
 use std::process::ExitCode;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
 use super::deliveries::print_deliveries;
-use super::output::confirm;
+use super::output::{confirm, declined};
 use super::{GlobalArgs, Output};
 use crate::store::{DeliveryFilter, DeliveryStatus, RequeueSelector, Store, StoreOptions};
 
@@ -41,10 +41,17 @@ pub enum DeadCommand {
 }
 
 #[derive(Debug, Args)]
+#[command(group(
+    clap::ArgGroup::new("selection")
+        .required(true)
+        .multiple(true)
+        .args(["ids", "handler", "event_type", "error_contains", "all"])
+))]
 pub struct RequeueArgs {
     /// Delivery id (repeatable).
     #[arg(long = "id", value_name = "ID")]
     pub ids: Vec<String>,
+    /// Handler of the dead deliveries.
     #[arg(long, value_name = "NAME")]
     pub handler: Option<String>,
     /// Event type.
@@ -87,14 +94,6 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeadArgs) -> Result<
                 error_contains: a.error_contains,
                 all: a.all,
             };
-            if !selector.all
-                && selector.ids.is_empty()
-                && selector.handler.is_none()
-                && selector.event_type.is_none()
-                && selector.error_contains.is_none()
-            {
-                bail!("say which dead deliveries to requeue: --id, --handler, --type, --error-contains, or --all");
-            }
             let matched = store.count_dead(&selector).await?;
             if a.dry_run || matched == 0 {
                 if out.json {
@@ -114,7 +113,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeadArgs) -> Result<
                 out.progress(format!("{matched} dead deliveries match"));
             }
             if !confirm(&format!("Requeue {matched} dead deliveries?"), a.yes)? {
-                bail!("requeue cancelled; nothing was changed");
+                return declined();
             }
             let requeued = store.requeue(&selector).await?;
             if out.json {

@@ -33,9 +33,11 @@ pub use output::Output;
 /// Every command talks to the store given by --database-url (or RELAYBUS_DATABASE_URL, or the
 /// libpq variables PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE).
 ///
-/// Exit codes: 0 done, 1 failed (or `setup --check` found the schema not current, or `doctor`
-/// a failing check), 2 usage error, 3 `doctor` found warnings only, 130 `run` stopped by a
-/// second signal.
+/// Exit codes: 0 done (also when a confirmation is answered no), 1 failed (or `setup --check`
+/// found the schema not current, or `doctor` a failing check), 2 usage error (also those found
+/// after parsing, and a destructive command without a terminal and without --yes), 3 `doctor`
+/// found warnings only, 69 no server answered at the URL, 130 or 143 `run` stopped by a second
+/// SIGINT or SIGTERM.
 #[derive(Debug, Parser)]
 #[command(
     name = "relaybus",
@@ -114,6 +116,60 @@ pub enum Command {
     Bench(bench::BenchArgs),
     #[command(hide = true)]
     BenchWorker(bench::WorkerArgs),
+}
+
+/// An error in what the user typed, found after parsing (a missing handler, a requeue without a
+/// selection): it exits with 2, as clap's own usage errors do.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// Returns a usage error from the enclosing function.
+macro_rules! usage {
+    ($($arg:tt)*) => {
+        return Err($crate::cli::UsageError(format!($($arg)*)).into())
+    };
+}
+pub(crate) use usage;
+
+/// The exit code of each kind of failure, documented in `--help` and README.
+pub mod exit {
+    /// Something failed.
+    pub const FAILURE: u8 = 1;
+    /// What was typed cannot be run: clap's errors, and those found after parsing.
+    pub const USAGE: u8 = 2;
+    /// `doctor` found warnings and no failure.
+    pub const WARNINGS: u8 = 3;
+    /// No server answered at the URL (sysexits' EX_UNAVAILABLE).
+    pub const UNAVAILABLE: u8 = 69;
+}
+
+/// The exit code an error ends the command with.
+pub fn exit_code(e: &anyhow::Error) -> u8 {
+    use crate::config::ConfigError;
+    use crate::store::StoreError;
+    for cause in e.chain() {
+        if cause.is::<UsageError>() || cause.is::<ConfigError>() {
+            return exit::USAGE;
+        }
+        match cause.downcast_ref::<StoreError>() {
+            Some(
+                StoreError::InvalidIdentifier { .. }
+                | StoreError::UnsupportedUrl(_)
+                | StoreError::InvalidConnectionString { .. },
+            ) => return exit::USAGE,
+            Some(StoreError::Connect { .. }) => return exit::UNAVAILABLE,
+            _ => {}
+        }
+    }
+    exit::FAILURE
 }
 
 /// Durations as `30s`, `5m`, `1h`, `250ms`.

@@ -1,9 +1,9 @@
 //! Where results go: stdout gets the result (a table, or JSON with `--json`), stderr gets
 //! progress, prompts and errors. Nothing decorative is printed when stdout is not a terminal.
 
-use std::io::{self, BufRead, IsTerminal, Write};
+use std::io::{self, IsTerminal, Write};
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use serde::Serialize;
 
 pub struct Output {
@@ -62,20 +62,25 @@ impl Output {
     }
 }
 
-/// Asks before destructive work: `--yes` answers for scripts; on a terminal the user is asked;
-/// anywhere else the command refuses rather than guess.
+/// Asks before destructive work: `--yes` answers for scripts; on a terminal the user is asked
+/// (no by default); anywhere else the command refuses, as a usage error, rather than guess.
 pub(super) fn confirm(question: &str, yes: bool) -> Result<bool> {
     if yes {
         return Ok(true);
     }
     if !(io::stdin().is_terminal() && io::stderr().is_terminal()) {
-        bail!("{question} Not confirmed: standard input is not a terminal; rerun with --yes to proceed");
+        super::usage!("{question} Not confirmed: standard input is not a terminal; rerun with --yes to proceed");
     }
-    eprint!("{question} [y/N] ");
-    io::stderr().flush()?;
-    let mut answer = String::new();
-    io::stdin().lock().read_line(&mut answer)?;
-    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES" | "Yes"))
+    Ok(dialoguer::Confirm::new()
+        .with_prompt(question)
+        .default(false)
+        .interact()?)
+}
+
+/// What a command that was not confirmed says before it exits 0.
+pub(super) fn declined() -> Result<std::process::ExitCode> {
+    eprintln!("not confirmed; nothing was changed");
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 /// A timestamp for tables: UTC to the second.

@@ -229,11 +229,11 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: PublishArgs) -> Resu
                 || args.data.is_some()
                 || !args.headers.is_empty()
             {
-                bail!("--key, --id, --data and --header describe one event and need --type; NDJSON lines carry their own fields");
+                super::usage!("--key, --id, --data and --header describe one event and need --type; NDJSON lines carry their own fields");
             }
             let stdin = std::io::stdin();
             if stdin.is_terminal() {
-                bail!(
+                super::usage!(
                     "nothing to publish: give --type (one event), or pipe NDJSON events to stdin"
                 );
             }

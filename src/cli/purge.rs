@@ -3,11 +3,11 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
 use serde_json::json;
 
-use super::output::confirm;
+use super::output::{confirm, declined};
 use super::{within, GlobalArgs, Output};
 use crate::store::{purge, PurgeCounts, PurgeOptions, Store, StoreOptions};
 
@@ -48,7 +48,7 @@ fn describe(c: &PurgeCounts) -> String {
 
 pub(super) async fn run(g: &GlobalArgs, out: &Output, args: PurgeArgs) -> Result<ExitCode> {
     if args.completed_older_than.is_none() && args.dead_older_than.is_none() {
-        bail!("nothing to purge: give --completed-older-than and/or --dead-older-than");
+        super::usage!("nothing to purge: give --completed-older-than and/or --dead-older-than");
     }
     let store = g.open(StoreOptions::admin())?;
     store.require_current().await?;
@@ -78,7 +78,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: PurgeArgs) -> Result
         return Ok(ExitCode::SUCCESS);
     }
     if !confirm(&format!("Delete {}?", describe(&planned)), args.yes)? {
-        bail!("purge cancelled; nothing was deleted");
+        return declined();
     }
     let deleted = purge(&store, &options, |so_far| {
         out.progress(format!("purged so far: {}", describe(so_far)));

@@ -2,10 +2,11 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
 use tokio::sync::watch;
@@ -53,7 +54,7 @@ use crate::store::{Store, StoreOptions};
 ///
 /// SIGINT or SIGTERM stops claiming, lets running handlers finish within --shutdown-grace,
 /// releases the rest without charging an attempt and hands every lane back. A second signal
-/// aborts running handlers at once and exits with code 130.
+/// aborts running handlers at once and exits with 128 + the signal: 130 (SIGINT) or 143 (SIGTERM).
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct RunArgs {
@@ -193,35 +194,39 @@ fn handler_configs(args: &RunArgs) -> Result<Vec<HandlerConfig>> {
         return Ok(config::from_file(path, &defaults)?);
     }
     let Some(name) = args.handler.clone() else {
-        bail!("nothing to run: give --handler NAME with --exec CMD or --webhook URL, or --config FILE");
+        super::usage!("nothing to run: give --handler NAME with --exec CMD or --webhook URL, or --config FILE");
     };
     let target = match (&args.exec, &args.webhook, &args.sql, args.noop) {
         (Some(cmd), None, None, false) => Target::Exec(cmd.clone()),
         (None, Some(url), None, false) => Target::Webhook(url.clone()),
         (None, None, Some(sql), false) => Target::Sql(sql.clone()),
         (None, None, None, true) => Target::Noop,
-        _ => bail!(
+        _ => super::usage!(
             "handler `{name}` needs one of --exec CMD, --webhook URL, --sql STATEMENT or --noop"
         ),
     };
     Ok(vec![HandlerConfig::new(name, target, &defaults)])
 }
 
-/// First SIGINT/SIGTERM: graceful; second: immediate.
-fn watch_signals(tx: watch::Sender<Shutdown>) -> Result<()> {
+/// First SIGINT/SIGTERM: graceful; second: immediate. Returns the number of the signal that
+/// came last, for the exit code (128 + it) after an immediate stop.
+fn watch_signals(tx: watch::Sender<Shutdown>) -> Result<Arc<AtomicI32>> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut int = signal(SignalKind::interrupt()).context("could not listen for SIGINT")?;
     let mut term = signal(SignalKind::terminate()).context("could not listen for SIGTERM")?;
+    let last = Arc::new(AtomicI32::new(0));
+    let seen = Arc::clone(&last);
     tokio::spawn(async move {
         for next in [Shutdown::Graceful, Shutdown::Immediate] {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
+            let number = tokio::select! {
+                _ = int.recv() => nix::libc::SIGINT,
+                _ = term.recv() => nix::libc::SIGTERM,
+            };
+            seen.store(number, Ordering::Relaxed);
             let _ = tx.send(next);
         }
     });
-    Ok(())
+    Ok(last)
 }
 
 pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<ExitCode> {
@@ -264,7 +269,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<E
         });
     }
     let (tx, rx) = watch::channel(Shutdown::Running);
-    watch_signals(tx)?;
+    let signal = watch_signals(tx)?;
     let options = DispatchOptions {
         concurrency: args.concurrency as usize,
         batch_size: args.batch_size as usize,
@@ -303,7 +308,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<E
         ))?;
     }
     Ok(if *rx.borrow() == Shutdown::Immediate {
-        ExitCode::from(130)
+        ExitCode::from(128 + signal.load(Ordering::Relaxed) as u8)
     } else {
         ExitCode::SUCCESS
     })

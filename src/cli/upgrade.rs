@@ -3,11 +3,11 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
 use serde_json::json;
 
-use super::output::confirm;
+use super::output::{confirm, declined};
 use super::{GlobalArgs, Output};
 use crate::store::{SchemaStatus, Store, StoreOptions, UpgradePlan, UpgradeStep};
 
@@ -94,7 +94,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Resu
     plan.live_leases.refuse_unless(args.force)?;
     let question = format!("Convert {} from 0.1 to 0.2 in place?", ns.place());
     if !confirm(&question, args.yes)? {
-        bail!("upgrade cancelled; nothing was written");
+        return declined();
     }
     let started = Instant::now();
     let progress = |step: &UpgradeStep, i: usize, n: usize| {
