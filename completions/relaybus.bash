@@ -416,7 +416,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__dead__subcmd__list)
-            opts="-h -V --handler --limit --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            opts="-h -V --handler --limit --after --wide --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -427,6 +427,10 @@ _relaybus() {
                     return 0
                     ;;
                 --limit)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --after)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -586,7 +590,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__deliveries__subcmd__list)
-            opts="-h -V --status --handler --key --event --type --limit --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            opts="-h -V --status --handler --key --event --type --limit --after --wide --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -613,6 +617,10 @@ _relaybus() {
                     return 0
                     ;;
                 --limit)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --after)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -146,11 +146,13 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l key -d 'Ordering key' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l event -d 'Event id' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l type -d 'Event type' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l limit -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l limit -d 'At most this many; when there are more, stderr says how to see the next page' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l after -d 'The next page: deliveries created after this one (the last id of the previous page; `next_after` in JSON)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l wide -d 'Whole ids and every column, however wide the terminal'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -197,12 +199,14 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_s
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -f -a "list" -d 'List dead deliveries with their last error'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -f -a "requeue" -d 'Give dead deliveries a fresh attempt budget, due now.'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l handler -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l limit -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l handler -d 'Only this handler\'s' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l limit -d 'At most this many; when there are more, stderr says how to see the next page' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l after -d 'The next page: deliveries created after this one (the last id of the previous page; `next_after` in JSON)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l wide -d 'Whole ids and every column, however wide the terminal'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -s h -l help -d 'Print help'

@@ -14,6 +14,11 @@ fn json_out(s: &TestSchema, args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// The deliveries of a listing's JSON.
+fn listed(s: &TestSchema, args: &[&str]) -> Value {
+    json_out(s, args)["deliveries"].clone()
+}
+
 /// Buries every delivery of `handler` through a worker whose command exits 65.
 fn bury(s: &TestSchema, handler: &str, error: &str) {
     s.cmd()
@@ -47,7 +52,7 @@ fn listings_filter_by_status_handler_key_event_and_type() {
         json!({"id": "e3", "type": "user.new", "handlers": ["email"]}),
     ]);
     bury(&s, "email", "smtp down");
-    let all = json_out(&s, &["deliveries", "list"]);
+    let all = listed(&s, &["deliveries", "list"]);
     assert_eq!(
         all.as_array()
             .unwrap()
@@ -68,14 +73,14 @@ fn listings_filter_by_status_handler_key_event_and_type() {
     );
     assert_eq!(
         field(
-            &json_out(&s, &["deliveries", "list", "--status", "dead"]),
+            &listed(&s, &["deliveries", "list", "--status", "dead"]),
             "event_id"
         ),
         ["e1", "e3"]
     );
     assert_eq!(
         field(
-            &json_out(
+            &listed(
                 &s,
                 &["deliveries", "list", "--status", "pending", "--key", "k2"]
             ),
@@ -85,7 +90,7 @@ fn listings_filter_by_status_handler_key_event_and_type() {
     );
     assert_eq!(
         field(
-            &json_out(
+            &listed(
                 &s,
                 &[
                     "deliveries",
@@ -102,7 +107,7 @@ fn listings_filter_by_status_handler_key_event_and_type() {
     );
     assert_eq!(
         field(
-            &json_out(
+            &listed(
                 &s,
                 &["deliveries", "list", "--event", "e1", "--status", "pending"]
             ),
@@ -110,15 +115,35 @@ fn listings_filter_by_status_handler_key_event_and_type() {
         ),
         ["billing"]
     );
-    assert_eq!(
-        field(
-            &json_out(&s, &["deliveries", "list", "--limit", "1"]),
-            "event_id"
-        ),
-        ["e1"]
+    // Pages: one row at a time, each page naming where the next starts.
+    let mut pages = vec![];
+    let mut after: Option<String> = None;
+    loop {
+        let mut args = vec!["deliveries", "list", "--limit", "2"];
+        if let Some(a) = &after {
+            args.extend(["--after", a.as_str()]);
+        }
+        let page = json_out(&s, &args);
+        pages.push(field(&page["deliveries"], "event_id").join(" "));
+        match page["next_after"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(pages, ["e1 e1", "e2 e3"]);
+    let out = s
+        .cmd()
+        .args(["deliveries", "list", "--limit", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(stdout(&out).lines().count(), 2, "{}", stdout(&out));
+    assert!(
+        stderr(&out).starts_with("showing the first 1; the next page: --after "),
+        "{}",
+        stderr(&out)
     );
     assert_eq!(
-        json_out(&s, &["deliveries", "list", "--status", "processing"]),
+        listed(&s, &["deliveries", "list", "--status", "processing"]),
         json!([])
     );
     s.cmd()
@@ -189,14 +214,14 @@ fn processing_lanes_and_stats_are_derived_from_live_leases() {
     // a1 runs; a2 waits behind it (same key): pending, not processing.
     assert_eq!(
         field(
-            &json_out(&s, &["deliveries", "list", "--status", "processing"]),
+            &listed(&s, &["deliveries", "list", "--status", "processing"]),
             "event_id"
         ),
         ["a1"]
     );
     assert_eq!(
         field(
-            &json_out(&s, &["deliveries", "list", "--status", "pending"]),
+            &listed(&s, &["deliveries", "list", "--status", "pending"]),
             "event_id"
         ),
         ["a2"]
@@ -497,7 +522,7 @@ fn completed_rows_kept_from_0_1_are_listed_counted_and_purged() {
     s.cmd().args(["upgrade", "--yes"]).assert().success();
     assert_eq!(
         field(
-            &json_out(&s, &["deliveries", "list", "--status", "completed"]),
+            &listed(&s, &["deliveries", "list", "--status", "completed"]),
             "event_id"
         ),
         ["ev-1", "ev-6"]

@@ -73,8 +73,8 @@ fn usage_errors_found_after_parsing_are_2_and_errors_are_json_with_json() {
             "error: the following required arguments were not provided",
         ),
         (
-            vec!["--schema", "Bad", "stats"],
-            "error: invalid schema `Bad`",
+            vec!["--prefix", "Bad", "stats"],
+            "error: invalid prefix `Bad`",
         ),
         (
             vec!["run", "--config", "/nonexistent.toml"],

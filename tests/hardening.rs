@@ -803,3 +803,31 @@ fn setup_refuses_to_adopt_an_application_s_table() {
         assert_eq!((out.status.code(), stderr(&out)), (Some(2), message.to_owned()));
     }
 }
+
+/// libpq's default host is the server's Unix socket, over which TLS never runs: a command with
+/// nothing but the libpq variables reaches a local server.
+#[test]
+fn the_unix_socket_default_connects_without_tls() {
+    let s = TestSchema::installed("unix_socket");
+    for conn in [
+        "host=/var/run/postgresql user=postgres dbname=test",
+        "host=/var/run/postgresql user=postgres dbname=test sslmode=require",
+    ] {
+        let out = relaybus()
+            .env("RELAYBUS_DATABASE_URL", conn)
+            .args(["--schema", &s.name, "setup", "--check"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{conn}: {}", stderr(&out));
+    }
+    let out = relaybus()
+        .env_remove("RELAYBUS_DATABASE_URL")
+        .env("PGUSER", "postgres")
+        .env("PGDATABASE", "test")
+        .env_remove("PGHOST")
+        .env_remove("PGPORT")
+        .args(["--schema", &s.name, "setup", "--check"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+}

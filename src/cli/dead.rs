@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use super::deliveries::print_deliveries;
+use super::deliveries::{print_deliveries, Listing, Page};
 use super::output::{confirm, declined};
 use super::{GlobalArgs, Output};
 use crate::store::{DeliveryFilter, DeliveryStatus, RequeueSelector, Store, StoreOptions};
@@ -22,10 +22,11 @@ pub struct DeadArgs {
 pub enum DeadCommand {
     /// List dead deliveries with their last error.
     List {
+        /// Only this handler's.
         #[arg(long, value_name = "NAME")]
         handler: Option<String>,
-        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=100_000))]
-        limit: i64,
+        #[command(flatten)]
+        page: Page,
     },
     /// Give dead deliveries a fresh attempt budget, due now.
     ///
@@ -75,16 +76,22 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeadArgs) -> Result<
     let store = g.open(StoreOptions::admin())?;
     store.require_current().await?;
     match args.command {
-        DeadCommand::List { handler, limit } => {
+        DeadCommand::List { handler, page } => {
             let rows = store
                 .list_deliveries(&DeliveryFilter {
                     status: Some(DeliveryStatus::Dead),
                     handler,
-                    limit,
+                    after: page.after.clone(),
+                    limit: page.limit + 1,
                     ..Default::default()
                 })
                 .await?;
-            print_deliveries(out, &rows, "no dead deliveries")?;
+            let how = Listing {
+                empty: "no dead deliveries",
+                dead: true,
+                page: Some(&page),
+            };
+            print_deliveries(out, rows, &how)?;
         }
         DeadCommand::Requeue(a) => {
             let selector = RequeueSelector {

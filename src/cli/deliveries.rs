@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
 
-use super::output::{cell, time};
+use super::output::{cell, short_id, time, when};
 use super::{GlobalArgs, Output};
 use crate::store::{DeliveryFilter, DeliveryRow, DeliveryStatus, Store, StoreOptions};
 
@@ -49,8 +49,23 @@ pub struct ListArgs {
     /// Event type.
     #[arg(long = "type", value_name = "TYPE")]
     pub event_type: Option<String>,
+    #[command(flatten)]
+    pub page: Page,
+}
+
+/// Which part of a listing to show, and how.
+#[derive(Debug, Clone, Args)]
+pub struct Page {
+    /// At most this many; when there are more, stderr says how to see the next page.
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=100_000))]
     pub limit: i64,
+    /// The next page: deliveries created after this one (the last id of the previous page;
+    /// `next_after` in JSON).
+    #[arg(long, value_name = "ID")]
+    pub after: Option<String>,
+    /// Whole ids and every column, however wide the terminal.
+    #[arg(long)]
+    pub wide: bool,
 }
 
 /// A delivery's state, as `--status` takes it.
@@ -89,43 +104,81 @@ pub enum EventsCommand {
     },
 }
 
-pub(crate) fn print_deliveries(out: &Output, rows: &[DeliveryRow], empty: &str) -> Result<()> {
+/// What a listing shows besides its rows.
+pub(crate) struct Listing<'a> {
+    /// What to say when nothing matches.
+    pub(crate) empty: &'a str,
+    /// Dead letters: no status column (it is always dead), and when they died instead of when
+    /// they are due.
+    pub(crate) dead: bool,
+    pub(crate) page: Option<&'a Page>,
+}
+
+/// Prints a listing. With a page, the rows were fetched one beyond its limit: that one tells
+/// whether there is a next page, and is not shown.
+pub(crate) fn print_deliveries(
+    out: &Output,
+    mut rows: Vec<DeliveryRow>,
+    how: &Listing,
+) -> Result<()> {
+    let limit = how.page.map_or(rows.len(), |p| p.limit as usize);
+    let more = rows.len() > limit;
+    rows.truncate(limit);
+    let next_after = more
+        .then(|| rows.last().and_then(|r| r.id.clone()))
+        .flatten();
     if out.json {
-        return out.print_json(&rows);
+        return out.print_json(&serde_json::json!({"deliveries": rows, "next_after": next_after}));
     }
     if rows.is_empty() {
-        return out.line(empty);
+        return out.line(how.empty);
     }
+    let wide = how.page.is_some_and(|p| p.wide) || !out.terminal();
+    let mut headers = vec!["ID", "EVENT", "HANDLER"];
+    if !how.dead {
+        headers.push("STATUS");
+    }
+    headers.extend(["ATTEMPTS", "KEY", if how.dead { "DIED" } else { "DUE" }]);
+    if wide {
+        headers.push("CREATED");
+    }
+    headers.push("LAST ERROR");
     let table: Vec<Vec<String>> = rows
         .iter()
         .map(|d| {
-            vec![
-                d.id.clone().unwrap_or_else(|| "-".into()),
+            let mut row = vec![
+                d.id.as_deref()
+                    .map_or_else(|| "-".into(), |id| short_id(id, wide)),
                 d.event_id.clone(),
                 d.handler.clone(),
-                d.status.clone(),
-                d.attempts.to_string(),
-                cell(d.key.as_deref(), 24),
-                time(d.available_at),
-                time(d.created_at),
-                cell(d.last_error.as_deref(), 60),
-            ]
+            ];
+            if !how.dead {
+                row.push(d.status.clone());
+            }
+            row.extend([d.attempts.to_string(), cell(d.key.as_deref(), 24), {
+                let at = if how.dead {
+                    d.updated_at
+                } else {
+                    d.available_at
+                };
+                if wide {
+                    time(at)
+                } else {
+                    when(at)
+                }
+            }]);
+            if wide {
+                row.push(time(d.created_at));
+            }
+            row.push(cell(d.last_error.as_deref(), 200));
+            row
         })
         .collect();
-    out.table(
-        &[
-            "ID",
-            "EVENT",
-            "HANDLER",
-            "STATUS",
-            "ATTEMPTS",
-            "KEY",
-            "DUE",
-            "CREATED",
-            "LAST ERROR",
-        ],
-        &table,
-    )
+    out.table(&headers, &table)?;
+    if let Some(after) = next_after {
+        eprintln!("showing the first {limit}; the next page: --after {after}");
+    }
+    Ok(())
 }
 
 pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeliveriesArgs) -> Result<ExitCode> {
@@ -139,10 +192,19 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeliveriesArgs) -> R
                 key: a.key,
                 event_id: a.event,
                 event_type: a.event_type,
-                limit: a.limit,
+                after: a.page.after.clone(),
+                limit: a.page.limit + 1,
             };
+            if filter.after.is_some() && filter.status == Some(DeliveryStatus::Completed) {
+                super::usage!("--after pages listings in creation order; completed deliveries are listed newest first");
+            }
             let rows = store.list_deliveries(&filter).await?;
-            print_deliveries(out, &rows, "no deliveries match")?;
+            let how = Listing {
+                empty: "no deliveries match",
+                dead: false,
+                page: Some(&a.page),
+            };
+            print_deliveries(out, rows, &how)?;
         }
         DeliveriesCommand::Show { id } => {
             let Some(d) = store.show_delivery(&id).await? else {
@@ -214,10 +276,11 @@ pub(super) async fn run_events(g: &GlobalArgs, out: &Output, args: EventsArgs) -
     out.line(format!("headers     {}", e.headers))?;
     out.line(format!("payload     {}", e.payload))?;
     out.line("")?;
-    print_deliveries(
-        out,
-        &e.deliveries,
-        "no deliveries left: every handler completed",
-    )?;
+    let how = Listing {
+        empty: "no deliveries left: every handler completed",
+        dead: false,
+        page: None,
+    };
+    print_deliveries(out, e.deliveries, &how)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::Args;
 use serde_json::json;
 
-use super::output::time;
+use super::output::{age, time};
 use super::{GlobalArgs, Output};
 use crate::store::{Store, StoreOptions};
 
@@ -100,7 +100,7 @@ pub(super) async fn run_stats(g: &GlobalArgs, out: &Output, _: StatsArgs) -> Res
         out.line("no deliveries: nothing pending, dead or completed")?;
         return Ok(ExitCode::SUCCESS);
     }
-    let lag = |s: Option<f64>| s.map(|s| format!("{s:.1}s")).unwrap_or_else(|| "-".into());
+    let lag = |s: Option<f64>| s.map(age).unwrap_or_else(|| "-".into());
     let mut rows: Vec<Vec<String>> = stats
         .iter()
         .map(|s| {

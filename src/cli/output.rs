@@ -5,6 +5,7 @@ use std::io::{self, IsTerminal, Write};
 
 use anyhow::Result;
 use serde::Serialize;
+use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
 
 pub struct Output {
     pub json: bool,
@@ -35,30 +36,35 @@ impl Output {
         }
     }
 
-    /// A plain-text table with aligned columns.
+    /// A table with aligned columns and no borders, a row per line. On a terminal the last
+    /// column (the free text: an error, a query) is cut to what the terminal's width leaves it;
+    /// into a pipe nothing is cut.
     pub fn table(&self, headers: &[&str], rows: &[Vec<String>]) -> Result<()> {
-        let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
-        for row in rows {
-            for (w, cell) in widths.iter_mut().zip(row) {
-                *w = (*w).max(cell.chars().count());
-            }
-        }
-        let render = |cells: Vec<&str>| {
-            let mut line = String::new();
-            for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
-                if i + 1 == cells.len() {
-                    line.push_str(cell);
-                } else {
-                    line.push_str(&format!("{cell:<w$}  "));
-                }
-            }
-            line.trim_end().to_owned()
+        let mut table = comfy_table::Table::new();
+        table
+            .load_preset(comfy_table::presets::NOTHING)
+            .set_content_arrangement(comfy_table::ContentArrangement::Disabled);
+        let width = if self.terminal() { table.width() } else { None };
+        let rows = match width {
+            Some(width) => fit_last_column(headers, rows, usize::from(width)),
+            None => rows.to_vec(),
         };
-        self.line(render(headers.to_vec()))?;
-        for row in rows {
-            self.line(render(row.iter().map(String::as_str).collect()))?;
+        table.set_header(headers.iter().copied());
+        for row in &rows {
+            table.add_row(row.iter().map(String::as_str));
+        }
+        for column in table.column_iter_mut() {
+            column.set_padding((0, 2));
+        }
+        for line in table.lines() {
+            self.line(line.trim_end())?;
         }
         Ok(())
+    }
+
+    /// Whether stdout is a terminal a person reads (ids are shortened there).
+    pub fn terminal(&self) -> bool {
+        io::stdout().is_terminal()
     }
 }
 
@@ -87,6 +93,86 @@ pub(super) fn declined() -> Result<std::process::ExitCode> {
 pub(super) fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
     t.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string())
         .unwrap_or_else(|| "-".into())
+}
+
+/// Cuts the last column's cells to the width the other columns leave of `width` (8 at least),
+/// by display width, so wide (CJK) characters count twice.
+fn fit_last_column(headers: &[&str], rows: &[Vec<String>], width: usize) -> Vec<Vec<String>> {
+    let last = headers.len().saturating_sub(1);
+    let used: usize = (0..last)
+        .map(|i| {
+            rows.iter()
+                .filter_map(|r| r.get(i))
+                .map(|c| c.width())
+                .chain([headers[i].width()])
+                .max()
+                .unwrap_or(0)
+                + 2
+        })
+        .sum();
+    let room = width.saturating_sub(used + 1).max(8);
+    rows.iter()
+        .map(|r| {
+            let mut r = r.clone();
+            if let Some(text) = r.get_mut(last) {
+                if text.width() > room {
+                    let mut cut = String::new();
+                    for c in text.chars() {
+                        if cut.width() + c.width().unwrap_or(0) + 1 > room {
+                            break;
+                        }
+                        cut.push(c);
+                    }
+                    *text = cut + "…";
+                }
+            }
+            r
+        })
+        .collect()
+}
+
+/// An id as a table shows it: whole, or on a terminal its last 12 characters (the random part of
+/// relaybus's time-ordered ids) after an ellipsis.
+pub(super) fn short_id(id: &str, whole: bool) -> String {
+    let chars: Vec<char> = id.chars().collect();
+    if whole || chars.len() <= 13 {
+        id.to_owned()
+    } else {
+        format!("…{}", chars[chars.len() - 12..].iter().collect::<String>())
+    }
+}
+
+/// A moment relative to now, for a terminal: `5m 2s ago`, `in 2h 0m`.
+pub(super) fn when(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
+    let Some(t) = t else {
+        return "-".into();
+    };
+    let seconds = (chrono::Utc::now() - t).num_milliseconds() as f64 / 1000.0;
+    if seconds >= 0.0 {
+        format!("{} ago", age(seconds))
+    } else {
+        format!("in {}", age(-seconds))
+    }
+}
+
+/// A duration for people: `334d 6h`, `2h 5m`, `4m 12s`, `3.2s`.
+pub(super) fn age(seconds: f64) -> String {
+    let s = seconds.max(0.0);
+    if s < 60.0 {
+        return format!("{s:.1}s");
+    }
+    let whole = s as u64;
+    let (d, h, m, sec) = (
+        whole / 86_400,
+        whole / 3_600 % 24,
+        whole / 60 % 60,
+        whole % 60,
+    );
+    match (d, h) {
+        (0, 0) => format!("{m}m {sec}s"),
+        (0, _) => format!("{h}h {m}m"),
+        _ => format!("{d}d {h}h"),
+    }
 }
 
 /// A text cut to `max` characters for a table cell, on one line.

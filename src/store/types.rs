@@ -328,6 +328,8 @@ pub struct DeliveryFilter {
     pub key: Option<String>,
     pub event_id: Option<String>,
     pub event_type: Option<String>,
+    /// Only deliveries created after this one (by id, which is creation order): the next page.
+    pub after: Option<String>,
     pub limit: i64,
 }
 

@@ -317,8 +317,9 @@ pub(crate) async fn a_key_runs_one_delivery_at_a_time_in_sequence_order<S: Store
 pub(crate) async fn a_stale_token_changes_nothing_after_a_takeover<S: Store>(s: &S) {
     installed(s).await;
     publish(s, &[order("e1", None, &["h"])]).await;
+    // Long enough that the second claim below comes inside it on a slow test server.
     let short = ClaimRequest {
-        lease: Duration::from_millis(100),
+        lease: Duration::from_secs(1),
         ..request("w1", &["h"])
     };
     let first = claim(s, &short).await;
@@ -326,7 +327,7 @@ pub(crate) async fn a_stale_token_changes_nothing_after_a_takeover<S: Store>(s: 
     assert_eq!((old.epoch, old.claims, first[0].attempts), (1, 0, 0));
     let (none, stats) = s.claim(&request("w2", &["h"])).await.unwrap();
     assert_eq!((none.len(), stats.charged, stats.lanes_taken), (0, 0, 0));
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     let (none, stats) = s.claim(&request("w2", &["h"])).await.unwrap();
     assert_eq!((none.len(), stats.charged, stats.lanes_taken), (0, 1, 1));
     // The old holder's completion, failure and release all lose.

@@ -4,8 +4,9 @@
 -- call with their values, so a filter that is NULL drops out of the plan, and a status turns
 -- into the literal a partial index serves.
 -- $1 status (pending, processing, dead or NULL for all), $2 handler, $3 key, $4 the key's
--- lane (the keyed index leads with it), $5 event id, $6 event type, $7 limit.
--- params: text, text, text, int2, text, text, int8
+-- lane (the keyed index leads with it), $5 event id, $6 event type, $7 limit, $8 the id the
+-- previous page ended with.
+-- params: text, text, text, int2, text, text, int8, text
 SELECT d.id, d.event_id, e.type, d.handler,
        CASE WHEN d.status = 'pending' AND EXISTS (
               SELECT 1 FROM "{{schema}}"."{{prefix}}lanes" l
@@ -26,4 +27,5 @@ SELECT d.id, d.event_id, e.type, d.handler,
    AND ($3::text IS NULL OR (d.lane = $4 AND d.key = $3))
    AND ($5::text IS NULL OR d.event_id = $5)
    AND ($6::text IS NULL OR e.type = $6)
+   AND ($8::text IS NULL OR d.id > $8)
  ORDER BY d.id LIMIT $7

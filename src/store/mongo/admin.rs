@@ -121,6 +121,9 @@ impl MongoStore {
         if let Some(e) = &f.event_id {
             m.insert("eventId", e);
         }
+        if let Some(after) = &f.after {
+            m = doc! { "$and": [m, { "_id": { "$gt": after } }] };
+        }
         let mut pipeline = vec![
             doc! { "$match": m },
             doc! { "$sort": { "_id": 1 } },

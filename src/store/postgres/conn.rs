@@ -24,11 +24,36 @@ use crate::store::{redact, ClientCounts, Result, StoreError, StoreOptions};
 /// The stream of a connection: TLS or plain, as `sslmode` and the server agree.
 pub(crate) type Stream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
 
+/// rustls's connector, for TCP hosts and Unix sockets alike. tokio-postgres asks for a connector
+/// of every host before it knows whether TLS is used, and a socket's host name is empty, which
+/// rustls refuses as a DNS name. TLS never runs over a socket (`conninfo` turns it off there,
+/// as libpq does), so the socket's connector is made for a name it never presents.
+#[derive(Clone)]
+pub(crate) struct Tls(MakeRustlsConnect);
+
+impl MakeTlsConnect<Socket> for Tls {
+    type Stream = Stream;
+    type TlsConnect = <MakeRustlsConnect as MakeTlsConnect<Socket>>::TlsConnect;
+    type Error = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Error;
+
+    fn make_tls_connect(
+        &mut self,
+        hostname: &str,
+    ) -> std::result::Result<Self::TlsConnect, Self::Error> {
+        let name = if hostname.is_empty() {
+            "localhost"
+        } else {
+            hostname
+        };
+        MakeTlsConnect::<Socket>::make_tls_connect(&mut self.0, name)
+    }
+}
+
 /// How to reach the server, resolved once from the connection string and the libpq variables.
 #[derive(Clone)]
 pub(crate) struct ConnectOptions {
     config: Config,
-    tls: MakeRustlsConnect,
+    tls: Tls,
     connect_timeout: Option<std::time::Duration>,
     /// `PostgreSQL at host:port/db as user`, for messages; never holds the password.
     target: String,
@@ -50,7 +75,7 @@ impl ConnectOptions {
         })?;
         Ok(Self {
             target: describe_target(&config),
-            tls: MakeRustlsConnect::new(tls),
+            tls: Tls(MakeRustlsConnect::new(tls)),
             connect_timeout,
             config,
         })

@@ -144,7 +144,13 @@ pub(crate) fn resolve(
             ))
         }
     };
+    // As libpq: TLS does not apply to Unix-domain sockets (a socket's path is no host name).
+    let sockets_only = config
+        .get_hosts()
+        .iter()
+        .all(|h| matches!(h, Host::Unix(_)));
     config.ssl_mode(match tls_mode {
+        _ if sockets_only => SslMode::Disable,
         TlsMode::Disable => SslMode::Disable,
         TlsMode::Prefer => SslMode::Prefer,
         _ => SslMode::Require,

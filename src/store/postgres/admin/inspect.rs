@@ -49,6 +49,7 @@ impl PgStore {
                         &f.event_id,
                         &f.event_type,
                         &f.limit,
+                        &f.after,
                     ],
                 )
                 .await
@@ -203,7 +204,7 @@ mod tests {
                 let (sql, args) = if status == "completed" {
                     (&store.sql.list_completed, filters)
                 } else {
-                    (&store.sql.list, format!("{status}, {filters}"))
+                    (&store.sql.list, format!("{status}, {filters}, NULL"))
                 };
                 if pages_read(&store, sql, &args).await > 1_000 {
                     scans.push(format!("{status}/{filter}"));
