@@ -1252,7 +1252,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__run)
-            opts="-h -V --handler --exec --webhook --noop --sql --config --concurrency --batch-size --poll-interval --lease-duration --pool-size --max-attempts --retry-delay --retry-max-delay --timeout --webhook-secret --drain --completion-window --shutdown-grace --completion-history --wake-up --metrics-addr --log-format --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            opts="-v -h -V --handler --exec --webhook --noop --sql --config --concurrency --batch-size --poll-interval --lease-duration --pool-size --max-attempts --retry-delay --retry-max-delay --timeout --webhook-secret --drain --completion-window --shutdown-grace --completion-history --wake-up --metrics-addr --log-format --verbose --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

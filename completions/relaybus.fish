@@ -114,7 +114,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l shutdown-grace
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l wake-up -d 'How an idle worker learns of new work: LISTEN/NOTIFY plus polling, or polling only (for poolers that cannot LISTEN)' -r -f -a "listen\t''
 poll\t''"
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l metrics-addr -d 'Serve Prometheus metrics at /metrics, and /healthz and /readyz, on this address (for example 127.0.0.1:9464)' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l log-format -d 'Log lines as text or JSON (a live status line replaces them on a terminal)' -r -f -a "text\t''
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l log-format -d 'Log lines as text or JSON, on stderr. On a terminal, text lines print above a live status line (handled, failed, dead, in flight, the rate of the last 10 s)' -r -f -a "text\t''
 json\t''"
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
@@ -123,6 +123,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l lock-timeout -
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l noop -d 'Complete each delivery without running anything (benchmarks, or discarding a handler\'s backlog on purpose)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l drain -d 'Exit 0 once no due work is left (batch jobs, tests). Deliveries whose next attempt is due later are not waited for; the summary counts them'
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l completion-history -d 'Keep an append-only history of completions (one insert per completion)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -s v -l verbose -d 'More log detail: -v relaybus\'s debug events, -vv everything\'s. RELAYBUS_LOG, a tracing filter (`warn`, `relaybus=debug`), overrides it'
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use relaybus::dispatch::{
-    DispatchOptions, Dispatcher, HandlerSpec, LogFormat, Reporter, RetryPolicy, Runner, Shutdown,
+    DispatchOptions, Dispatcher, HandlerSpec, Reporter, RetryPolicy, Runner, Shutdown,
 };
 use relaybus::handler::{Handler, HandlerFuture, Outcome};
 use relaybus::store::{ClaimedDelivery, EventLimits, NewEvent, Store, StoreOptions};
@@ -62,7 +62,7 @@ fn a_dropped_shutdown_sender_is_not_a_cancel() {
             runner: Runner::Handler(Arc::new(Slow)),
             retry: RetryPolicy::default(),
         }];
-        let reporter = Arc::new(Reporter::quiet(LogFormat::Text));
+        let reporter = Arc::new(Reporter::new());
         Dispatcher::new(store, options, handlers, reporter)
             .run(rx)
             .await

@@ -568,3 +568,79 @@ fn a_second_signal_exits_with_128_plus_its_number() {
         );
     }
 }
+
+/// JSON log lines carry numbers as numbers; RELAYBUS_LOG filters by level.
+#[test]
+fn json_logs_keep_numbers_and_relaybus_log_filters_them() {
+    let s = TestSchema::installed("run_json_logs");
+    publish(&s, &[event("e1", None, &["h"], serde_json::json!({}))]);
+    let out = s
+        .cmd()
+        .args([
+            "run",
+            "--handler",
+            "h",
+            "--exec",
+            "exit 3",
+            "--max-attempts",
+            "1",
+            "--drain",
+            "--log-format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines: Vec<serde_json::Value> = stderr(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let messages: Vec<&str> = lines
+        .iter()
+        .map(|l| l["message"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        messages,
+        [
+            "worker started",
+            "delivery buried (dead letter)",
+            "worker stopped"
+        ]
+    );
+    assert_eq!(
+        (
+            &lines[1]["level"],
+            &lines[1]["attempt"],
+            &lines[1]["error"],
+            &lines[0]["concurrency"]
+        ),
+        (
+            &serde_json::json!("ERROR"),
+            &serde_json::json!(1),
+            &serde_json::json!("exit 3"),
+            &serde_json::json!(10)
+        )
+    );
+    publish(&s, &[event("e2", None, &["h"], serde_json::json!({}))]);
+    let out = s
+        .cmd()
+        .env("RELAYBUS_LOG", "error")
+        .args([
+            "run",
+            "--handler",
+            "h",
+            "--exec",
+            "exit 3",
+            "--max-attempts",
+            "1",
+            "--drain",
+        ])
+        .output()
+        .unwrap();
+    let text = stderr(&out);
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(
+        text.contains("ERROR delivery buried (dead letter)"),
+        "{text}"
+    );
+}

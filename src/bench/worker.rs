@@ -14,8 +14,7 @@ use tokio::sync::watch;
 use super::cells::{Config, Keys};
 use super::Error;
 use crate::dispatch::{
-    worker_name, DispatchOptions, Dispatcher, HandlerSpec, LogFormat, Reporter, RetryPolicy,
-    Runner, Shutdown,
+    worker_name, DispatchOptions, Dispatcher, HandlerSpec, Reporter, RetryPolicy, Runner, Shutdown,
 };
 use crate::handler::{Handler, HandlerFuture, Outcome};
 use crate::store::bench::BenchStore;
@@ -255,7 +254,8 @@ async fn dispatch_worker(store: AnyStore, plan: WorkerPlan) -> Result<WorkerRepo
         })
         .collect();
     let store = Arc::new(store);
-    let reporter = Arc::new(Reporter::quiet(LogFormat::Text));
+    // No log is set up in a benchmark worker: its report is its output.
+    let reporter = Arc::new(Reporter::new());
     let (tx, rx) = watch::channel(Shutdown::Running);
     let options = DispatchOptions {
         concurrency: settings.concurrency,

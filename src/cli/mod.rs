@@ -7,6 +7,7 @@ mod deliveries;
 mod doctor;
 pub mod generate;
 mod lanes;
+pub mod logs;
 mod output;
 mod publish;
 mod purge;

@@ -11,10 +11,11 @@ use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, ValueEnum};
 use tokio::sync::watch;
 
+use super::logs::{self, LogFormat};
 use super::{human, secret_file, within, GlobalArgs, Output};
 use crate::backoff::Backoff;
 use crate::config::{self, Defaults, HandlerConfig, Target};
-use crate::dispatch::{metrics, LogFormat, Reporter};
+use crate::dispatch::{metrics, Reporter};
 use crate::dispatch::{worker_name, DispatchOptions, Dispatcher, RetryPolicy, Runner, Shutdown};
 use crate::handler::WebhookSecret;
 use crate::store::{Store, StoreOptions};
@@ -151,7 +152,8 @@ pub struct RunArgs {
     /// (for example 127.0.0.1:9464).
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
-    /// Log lines as text or JSON (a live status line replaces them on a terminal).
+    /// Log lines as text or JSON, on stderr. On a terminal, text lines print above a live
+    /// status line (handled, failed, dead, in flight, the rate of the last 10 s).
     #[arg(
         long,
         default_value = "text",
@@ -160,6 +162,10 @@ pub struct RunArgs {
             .map(|s| s.parse::<LogFormat>().expect("one of the possible values"))
     )]
     pub log_format: LogFormat,
+    /// More log detail: -v relaybus's debug events, -vv everything's. RELAYBUS_LOG, a
+    /// tracing filter (`warn`, `relaybus=debug`), overrides it.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -245,7 +251,10 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<E
                 .with_context(|| format!("handler `{}`", spec.name))?;
         }
     }
-    let reporter = Reporter::new(args.log_format);
+    let reporter = match logs::start(args.log_format, args.verbose)? {
+        Some(status) => Reporter::new().with_status_line(status),
+        None => Reporter::new(),
+    };
     let reporter = Arc::new(match args.metrics_addr {
         Some(_) => reporter.with_metrics(),
         None => reporter,
@@ -261,10 +270,9 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<E
             Arc::clone(&store),
             names.clone(),
         );
-        let log = Arc::clone(&reporter);
         tokio::spawn(async move {
             if let Err(e) = endpoint.await {
-                log.log("error", "the metrics endpoint stopped", &[("error", &e)]);
+                tracing::error!(error = %e, "the metrics endpoint stopped");
             }
         });
     }

@@ -127,13 +127,10 @@ where
                 reporter.metrics.database_error(operation);
                 let retry_in = retries.next_delay();
                 if retries.count() == 1 {
-                    reporter.log(
-                        "warn",
-                        &format!("could not record {what}; retrying until the database answers"),
-                        &[
-                            ("error", &format!("{e:#}")),
-                            ("retry_in", &humantime::format_duration(retry_in)),
-                        ],
+                    tracing::warn!(
+                        error = %format!("{e:#}"),
+                        retry_in = %humantime::format_duration(retry_in),
+                        "could not record {what}; retrying until the database answers"
                     );
                 }
                 tokio::select! {

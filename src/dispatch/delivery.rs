@@ -65,7 +65,7 @@ pub(super) async fn run<S: Store>(
                     retry_after: None,
                 },
                 Err(e) => {
-                    stopped_unrecorded(ctx, &delivery, "statement", &e);
+                    stopped_unrecorded(&delivery, "statement", &e);
                     return None;
                 }
             }
@@ -90,7 +90,7 @@ pub(super) async fn run<S: Store>(
                     ctx.reporter.ended(Ended::Handled, &delivery.handler);
                 }
                 Ok(false) => lease_lost(ctx, &delivery),
-                Err(e) => stopped_unrecorded(ctx, &delivery, "completion", &e),
+                Err(e) => stopped_unrecorded(&delivery, "completion", &e),
             }
             return None;
         }
@@ -119,18 +119,15 @@ pub(super) async fn run<S: Store>(
         || ctx.store.fail(&delivery.token, &failure, &error),
     )
     .await;
-    let fields: [(&str, &dyn std::fmt::Display); 5] = [
-        ("delivery", &delivery.token.delivery_id),
-        ("event", &delivery.event_id),
-        ("handler", &delivery.handler),
-        ("attempt", &attempt),
-        ("error", &error),
-    ];
+    let (id, event, handler) = (
+        &delivery.token.delivery_id,
+        &delivery.event_id,
+        &delivery.handler,
+    );
     match recorded {
         Ok(FailOutcome::Buried) => {
             ctx.reporter.ended(Ended::Buried, &delivery.handler);
-            ctx.reporter
-                .log("error", "delivery buried (dead letter)", &fields);
+            tracing::error!(delivery = %id, event = %event, handler = %handler, attempt, error = %error, "delivery buried (dead letter)");
         }
         Ok(FailOutcome::Rescheduled) => {
             ctx.reporter.ended(Ended::Failed, &delivery.handler);
@@ -139,13 +136,10 @@ pub(super) async fn run<S: Store>(
             };
             let retry = humantime::format_duration(Duration::from_millis(delay.as_millis() as u64))
                 .to_string();
-            let mut with_retry = fields.to_vec();
-            with_retry.push(("retry_in", &retry));
-            ctx.reporter
-                .log("warn", "attempt failed; rescheduled", &with_retry);
+            tracing::warn!(delivery = %id, event = %event, handler = %handler, attempt, error = %error, retry_in = %retry, "attempt failed; rescheduled");
         }
         Ok(FailOutcome::LeaseLost) => lease_lost(ctx, &delivery),
-        Err(e) => stopped_unrecorded(ctx, &delivery, "failed attempt", &e),
+        Err(e) => stopped_unrecorded(&delivery, "failed attempt", &e),
     }
     None
 }
@@ -153,23 +147,21 @@ pub(super) async fn run<S: Store>(
 /// The worker stopped before the database took an outcome: the lane is not handed back either,
 /// so the delivery runs again once its lease expires and another worker takes the lane over,
 /// which charges the attempt.
-fn stopped_unrecorded<S>(ctx: &Context<S>, d: &ClaimedDelivery, what: &str, error: &str) {
-    ctx.reporter.log(
-        "error",
-        &format!(
-            "stopped before the {what} was recorded; the delivery runs again after its lease \
-             expires, as attempt {}",
-            d.attempts + 2
-        ),
-        &[("delivery", &d.token.delivery_id), ("error", &error)],
+fn stopped_unrecorded(d: &ClaimedDelivery, what: &str, error: &str) {
+    tracing::error!(
+        delivery = %d.token.delivery_id,
+        error = %error,
+        "stopped before the {what} was recorded; the delivery runs again after its lease \
+         expires, as attempt {}",
+        d.attempts + 2
     );
 }
 
 fn lease_lost<S>(ctx: &Context<S>, d: &ClaimedDelivery) {
     ctx.reporter.ended(Ended::LeaseLost, &d.handler);
-    ctx.reporter.log(
-        "warn",
-        "lease lost: another worker took the lane over; the delivery runs again there",
-        &[("delivery", &d.token.delivery_id), ("token", &d.token)],
+    tracing::warn!(
+        delivery = %d.token.delivery_id,
+        token = %d.token,
+        "lease lost: another worker took the lane over; the delivery runs again there"
     );
 }

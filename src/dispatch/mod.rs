@@ -28,7 +28,7 @@ use crate::store::{
 };
 use complete::{Completer, Running};
 pub use options::{worker_name, DispatchOptions, RetryPolicy};
-pub use report::{LogFormat, Reporter, Summary};
+pub use report::{Reporter, Summary};
 
 /// How the dispatcher is asked to stop: the first signal drains, the second cancels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,15 +212,12 @@ impl<S: Store> Dispatcher<S> {
     /// Claims and runs deliveries until `shutdown` says stop, then stops as it says. A claim
     /// error no retry can cure stops it the same way, and is returned once it has stopped.
     pub async fn run(mut self, mut shutdown: watch::Receiver<Shutdown>) -> Result<Summary> {
-        self.reporter.log(
-            "info",
-            "worker started",
-            &[
-                ("worker", &self.options.owner),
-                ("handlers", &self.template.handlers.join(",")),
-                ("concurrency", &self.options.concurrency),
-                ("batch_size", &self.options.batch_size),
-            ],
+        tracing::info!(
+            worker = %self.options.owner,
+            handlers = %self.template.handlers.join(","),
+            concurrency = self.options.concurrency,
+            batch_size = self.options.batch_size,
+            "worker started"
         );
         while *shutdown.borrow() == Shutdown::Running && self.fatal.is_none() {
             while self.tasks.try_join_next().is_some() {}
@@ -315,24 +312,17 @@ impl<S: Store> Dispatcher<S> {
             }
             Err(e) if e.stops_worker() => {
                 metrics.claim_failed();
-                self.reporter.log(
-                    "error",
-                    "claims cannot succeed; stopping",
-                    &[("error", &format!("{e:#}"))],
-                );
+                tracing::error!(error = %format!("{e:#}"), "claims cannot succeed; stopping");
                 self.fatal = Some(e);
                 None
             }
             Err(e) => {
                 metrics.claim_failed();
                 let retry_in = self.claim_retries.next_delay();
-                self.reporter.log(
-                    "warn",
-                    "claim failed; retrying",
-                    &[
-                        ("error", &format!("{e:#}")),
-                        ("retry_in", &humantime::format_duration(retry_in)),
-                    ],
+                tracing::warn!(
+                    error = %format!("{e:#}"),
+                    retry_in = %humantime::format_duration(retry_in),
+                    "claim failed; retrying"
                 );
                 tokio::select! {
                     _ = tokio::time::sleep(retry_in) => {}
@@ -382,10 +372,9 @@ impl<S: Store> Dispatcher<S> {
         searched: bool,
     ) -> bool {
         if stats.charged > 0 {
-            self.reporter.log(
-                "warn",
-                "took over expired lanes; charged one attempt to each delivery they had in flight",
-                &[("deliveries", &stats.charged)],
+            tracing::warn!(
+                deliveries = stats.charged,
+                "took over expired lanes; charged one attempt to each delivery they had in flight"
             );
         }
         self.new_lanes = if got == want {
@@ -407,11 +396,7 @@ impl<S: Store> Dispatcher<S> {
         match self.store.due_exists(&self.template.handlers).await {
             Ok(due) => !due,
             Err(e) => {
-                self.reporter.log(
-                    "warn",
-                    "could not check for due work",
-                    &[("error", &format!("{e:#}"))],
-                );
+                tracing::warn!(error = %format!("{e:#}"), "could not check for due work");
                 false
             }
         }
@@ -443,16 +428,10 @@ impl<S: Store> Dispatcher<S> {
             relay.abort();
         }
         if *shutdown.borrow() != Shutdown::Running {
-            self.reporter.log(
-                "info",
-                "stopping: no new claims",
-                &[
-                    ("running", &self.tasks.len()),
-                    (
-                        "grace",
-                        &humantime::format_duration(self.options.shutdown_grace),
-                    ),
-                ],
+            tracing::info!(
+                running = self.tasks.len(),
+                grace = %humantime::format_duration(self.options.shutdown_grace),
+                "stopping: no new claims"
             );
         }
         let deadline = Instant::now() + self.options.shutdown_grace;
@@ -480,15 +459,12 @@ impl<S: Store> Dispatcher<S> {
         let release = self.store.release(&self.options.owner, &aborted);
         match tokio::time::timeout(RELEASE_TIMEOUT, release).await {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => self.reporter.log(
-                "warn",
-                "could not hand the lanes back; they free up when the lease expires",
-                &[("error", &format!("{e:#}"))],
+            Ok(Err(e)) => tracing::warn!(
+                error = %format!("{e:#}"),
+                "could not hand the lanes back; they free up when the lease expires"
             ),
-            Err(_) => self.reporter.log(
-                "warn",
-                "handing the lanes back timed out; they free up when the lease expires",
-                &[],
+            Err(_) => tracing::warn!(
+                "handing the lanes back timed out; they free up when the lease expires"
             ),
         }
         let counters = &self.reporter.counters;
@@ -496,16 +472,14 @@ impl<S: Store> Dispatcher<S> {
             .released
             .fetch_add(aborted.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let summary = counters.summary();
-        self.reporter.log(
-            "info",
-            "worker stopped",
-            &[
-                ("handled", &summary.handled),
-                ("failed", &summary.failed),
-                ("dead", &summary.dead),
-                ("lease_lost", &summary.lease_lost),
-                ("released", &summary.released),
-            ],
+        self.reporter.stopped();
+        tracing::info!(
+            handled = summary.handled,
+            failed = summary.failed,
+            dead = summary.dead,
+            lease_lost = summary.lease_lost,
+            released = summary.released,
+            "worker stopped"
         );
         summary
     }
@@ -525,13 +499,10 @@ fn relay_wake_ups<S: Store>(
                     reporter.metrics.woken();
                     wake.notify_one();
                 }
-                WakeUp::Lost { error, retry_in } => reporter.log(
-                    "warn",
-                    "wake-up connection lost; polling until it is back",
-                    &[
-                        ("error", &error),
-                        ("retry_in", &humantime::format_duration(retry_in)),
-                    ],
+                WakeUp::Lost { error, retry_in } => tracing::warn!(
+                    error = %error,
+                    retry_in = %humantime::format_duration(retry_in),
+                    "wake-up connection lost; polling until it is back"
                 ),
             }
         }
@@ -546,11 +517,7 @@ async fn renew<S: Store>(store: Arc<S>, owner: String, lease: Duration, reporter
             Ok(lanes) => reporter.metrics.lanes_held(lanes),
             Err(e) => {
                 reporter.metrics.database_error("renew");
-                reporter.log(
-                    "warn",
-                    "lease renewal failed; retrying",
-                    &[("error", &format!("{e:#}"))],
-                );
+                tracing::warn!(error = %format!("{e:#}"), "lease renewal failed; retrying");
             }
         }
     }

@@ -1,33 +1,16 @@
-//! What the operator sees while a worker runs: counters, a live status line on a terminal, and
-//! otherwise one structured log line per event of note (text or JSON). Nothing here ever prints
-//! a password or a webhook secret: callers pass only ids, names and error texts.
+//! What the operator sees while a worker runs: counters, and a live status line on a terminal.
+//! Events of note are `tracing` events, which the command line writes as text or JSON lines
+//! (above the status line). Nothing logged names a password or a webhook secret: callers pass
+//! only ids, names and error texts.
 
-use std::io::{IsTerminal, Write};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use serde_json::{Map, Value};
+use indicatif::ProgressBar;
 
 use super::metrics::{Ended, Metrics};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
-impl std::str::FromStr for LogFormat {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "text" => Ok(LogFormat::Text),
-            "json" => Ok(LogFormat::Json),
-            _ => Err(format!("unknown log format `{s}` (text or json)")),
-        }
-    }
-}
 
 #[derive(Default, Debug)]
 pub struct Counters {
@@ -62,25 +45,32 @@ impl Counters {
 
 pub struct Reporter {
     pub metrics: Metrics,
-    format: LogFormat,
-    /// A live status line is drawn only when stderr is a terminal.
-    live: bool,
-    status_drawn: Mutex<bool>,
     pub counters: Counters,
-    started: Instant,
-    quiet: bool,
+    /// The live status line, on a terminal with text logs; log lines are printed above it.
+    status: Option<ProgressBar>,
+    /// (when, handled) a few seconds back, for the recent rate.
+    recent: Mutex<VecDeque<(Instant, u64)>>,
 }
 
+/// The rate the status line shows is over this window.
+const RATE_WINDOW: Duration = Duration::from_secs(10);
+
 impl Reporter {
-    pub fn new(format: LogFormat) -> Self {
+    /// Counters and log lines, no status line.
+    pub fn new() -> Self {
         Self {
             metrics: Metrics::new(false),
-            format,
-            live: std::io::stderr().is_terminal(),
-            status_drawn: Mutex::new(false),
             counters: Counters::default(),
-            started: Instant::now(),
-            quiet: false,
+            status: None,
+            recent: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// A reporter that draws the status line on `bar`.
+    pub fn with_status_line(self, bar: ProgressBar) -> Self {
+        Self {
+            status: Some(bar),
+            ..self
         }
     }
 
@@ -89,14 +79,6 @@ impl Reporter {
         Self {
             metrics: Metrics::new(true),
             ..self
-        }
-    }
-
-    /// A reporter that logs nothing, for benchmark workers (their output is the report).
-    pub fn quiet(format: LogFormat) -> Self {
-        Self {
-            quiet: true,
-            ..Self::new(format)
         }
     }
 
@@ -112,64 +94,48 @@ impl Reporter {
         self.metrics.ended(how, handler);
     }
 
-    /// One log line: `ts level msg k=v ...`, or a JSON object with `--log-format json`.
-    pub fn log(&self, level: &str, msg: &str, fields: &[(&str, &dyn std::fmt::Display)]) {
-        if self.quiet {
+    /// Redraws the status line: the counters, what is in flight, and the rate over the last
+    /// ten seconds. indicatif fits it to the terminal's width.
+    pub fn status(&self, in_flight: usize) {
+        let Some(bar) = &self.status else {
             return;
-        }
-        let ts = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-        let line = match self.format {
-            LogFormat::Json => {
-                let mut obj = Map::new();
-                obj.insert("ts".into(), Value::String(ts));
-                obj.insert("level".into(), Value::String(level.into()));
-                obj.insert("msg".into(), Value::String(msg.into()));
-                for (k, v) in fields {
-                    obj.insert((*k).into(), Value::String(v.to_string()));
-                }
-                Value::Object(obj).to_string()
+        };
+        let s = self.counters.summary();
+        let now = Instant::now();
+        let rate = {
+            let mut recent = self.recent.lock().expect("reporter lock");
+            recent.push_back((now, s.handled));
+            while recent
+                .front()
+                .is_some_and(|(at, _)| now - *at > RATE_WINDOW)
+            {
+                recent.pop_front();
             }
-            LogFormat::Text => {
-                let mut line = format!("{ts} {level:<5} {msg}");
-                for (k, v) in fields {
-                    let v = v.to_string();
-                    if v.contains(char::is_whitespace) || v.contains('"') || v.is_empty() {
-                        line.push_str(&format!(" {k}={v:?}"));
-                    } else {
-                        line.push_str(&format!(" {k}={v}"));
-                    }
-                }
-                line
+            let (since, then) = recent.front().copied().unwrap_or((now, s.handled));
+            let seconds = (now - since).as_secs_f64();
+            if seconds > 0.0 {
+                (s.handled - then) as f64 / seconds
+            } else {
+                0.0
             }
         };
-        let mut drawn = self.status_drawn.lock().expect("reporter lock");
-        let mut err = std::io::stderr().lock();
-        if *drawn {
-            let _ = write!(err, "\r\x1b[2K");
-            *drawn = false;
-        }
-        let _ = writeln!(err, "{line}");
+        bar.set_message(format!(
+            "handled {}  failed {}  dead {}  in flight {in_flight}  {rate:.0}/s",
+            s.handled, s.failed, s.dead
+        ));
+        bar.tick();
     }
 
-    /// Redraws the status line (terminal only).
-    pub fn status(&self, in_flight: usize) {
-        if !self.live || self.quiet {
-            return;
+    /// Takes the status line away, before the summary is printed.
+    pub fn stopped(&self) {
+        if let Some(bar) = &self.status {
+            bar.finish_and_clear();
         }
-        let s = self.counters.summary();
-        let secs = self.started.elapsed().as_secs_f64().max(0.001);
-        let line = format!(
-            "handled {}  failed {}  dead {}  in flight {}  rate {:.0}/s",
-            s.handled,
-            s.failed,
-            s.dead,
-            in_flight,
-            s.handled as f64 / secs
-        );
-        let mut drawn = self.status_drawn.lock().expect("reporter lock");
-        let mut err = std::io::stderr().lock();
-        let _ = write!(err, "\r\x1b[2K{line}");
-        let _ = err.flush();
-        *drawn = true;
+    }
+}
+
+impl Default for Reporter {
+    fn default() -> Self {
+        Self::new()
     }
 }
