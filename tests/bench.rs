@@ -27,10 +27,11 @@ fn one_cell_of_each_scenario_is_measured_exactly_and_reported() {
             "disp-1i-defaults",
             "--cell",
             "mixed-1000-defaults",
+            // Long enough that a debug build on a busy machine handles something in the window.
             "--warmup",
-            "200ms",
+            "1s",
             "--window",
-            "500ms",
+            "1s",
             "--json",
             "--out",
         ])

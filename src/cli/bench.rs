@@ -138,7 +138,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<Ex
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut samples = vec![];
     let total = cells.len() as u32 * a.samples * if candidate.is_some() { 2 } else { 1 };
-    let mut done = 0;
+    let bar = out.progress(Some(u64::from(total)), "samples");
     for i in 0..a.samples {
         for cell in &cells {
             let mut binaries = vec![base.clone()];
@@ -149,15 +149,15 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<Ex
                 }
             }
             for binary in binaries {
-                done += 1;
-                out.progress(format!("[{done}/{total}] {cell} ({})", binary.display()));
+                bar.set_message(format!("{cell} ({})", binary.display()));
                 let sample = coordinator
                     .sample(*cell, &binary, i + 1)
                     .await
                     .map_err(|e| anyhow::anyhow!("{cell}: {e}"))?;
                 if !out.json {
-                    out.line(report::line(&sample))?;
+                    bar.suspend(|| out.line(report::line(&sample)))?;
                 }
+                bar.inc(1);
                 samples.push(sample);
             }
         }
@@ -208,7 +208,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<Ex
         let mut env = env;
         env["commit"] = commit.into();
         std::fs::write(dir.join("env.json"), serde_json::to_string_pretty(&env)?)?;
-        out.progress(format!("wrote {}", dir.display()));
+        eprintln!("wrote {}", dir.display());
     }
     let invalid = samples
         .iter()

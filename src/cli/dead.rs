@@ -116,9 +116,6 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeadArgs) -> Result<
                 }
                 return Ok(ExitCode::SUCCESS);
             }
-            if !out.json {
-                out.progress(format!("{matched} dead deliveries match"));
-            }
             if !confirm(&format!("Requeue {matched} dead deliveries?"), a.yes)? {
                 return declined();
             }

@@ -29,11 +29,38 @@ impl Output {
         self.line(text)
     }
 
-    /// Progress for a person watching: only when stderr is a terminal.
-    pub fn progress(&self, text: impl AsRef<str>) {
-        if io::stderr().is_terminal() {
-            eprintln!("{}", text.as_ref());
+    /// A progress bar on stderr for a person watching: hidden when stderr is not a terminal.
+    /// With a total it shows the bar, the count and the time left; without one a spinner, the
+    /// count and the rate. It ticks on its own, so the elapsed time moves while a long step runs.
+    pub fn progress(&self, total: Option<u64>, unit: &str) -> indicatif::ProgressBar {
+        if !io::stderr().is_terminal() {
+            return indicatif::ProgressBar::hidden();
         }
+        // Bytes read get byte units (`1.2 MiB/8.0 MiB`); anything else is counted.
+        let (pos, len, rate, unit) = match unit {
+            "bytes" => ("{bytes}", "{total_bytes}", "{bytes_per_sec}", String::new()),
+            _ => (
+                "{human_pos}",
+                "{human_len}",
+                "{per_sec}",
+                format!(" {unit}"),
+            ),
+        };
+        let (bar, template) = match total {
+            Some(n) => (
+                indicatif::ProgressBar::new(n),
+                format!("{{msg}} {{wide_bar}} {pos}/{len}{unit} {{elapsed}}, {{eta}} left"),
+            ),
+            None => (
+                indicatif::ProgressBar::new_spinner(),
+                format!("{{spinner}} {{msg}} {pos}{unit} ({rate}) {{elapsed}}"),
+            ),
+        };
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(&template).expect("a valid progress template"),
+        );
+        bar.enable_steady_tick(std::time::Duration::from_millis(100));
+        bar
     }
 
     /// A table with aligned columns and no borders, a row per line. On a terminal the last

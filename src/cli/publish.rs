@@ -238,7 +238,19 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: PublishArgs) -> Resu
                 );
             }
             store.require_current().await?;
-            publish_lines(&store, &args, &limits, stdin.lock(), &mut tally).await?;
+            // A file redirected to stdin has a size, so the bar can show how much is left.
+            let size = std::os::fd::AsFd::as_fd(&stdin)
+                .try_clone_to_owned()
+                .ok()
+                .and_then(|fd| std::fs::File::from(fd).metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len());
+            let bar = out.progress(size, "bytes");
+            bar.set_message("publishing");
+            let input = bar.wrap_read(stdin.lock());
+            let published = publish_lines(&store, &args, &limits, input, &mut tally).await;
+            bar.finish_and_clear();
+            published?;
         }
     }
     if tally.deliveries > 0 {

@@ -80,10 +80,14 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: PurgeArgs) -> Result
     if !confirm(&format!("Delete {}?", describe(&planned)), args.yes)? {
         return declined();
     }
+    let total = planned.dead + planned.completed + planned.history + planned.events;
+    let bar = out.progress(Some(total as u64), "rows");
+    bar.set_message("purging");
     let deleted = purge(&store, &options, |so_far| {
-        out.progress(format!("purged so far: {}", describe(so_far)));
+        bar.set_position((so_far.dead + so_far.completed + so_far.history + so_far.events) as u64);
     })
     .await?;
+    bar.finish_and_clear();
     if out.json {
         out.print_json(&json!({"dry_run": false, "deleted": deleted}))?;
     } else {

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::output::{confirm, declined};
 use super::{GlobalArgs, Output};
-use crate::store::{SchemaStatus, Store, StoreOptions, UpgradePlan, UpgradeStep};
+use crate::store::{Engine, SchemaStatus, Store, StoreOptions, UpgradePlan, UpgradeStep};
 
 /// Convert a 0.1 store to 0.2 in place.
 ///
@@ -92,19 +92,27 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Resu
         return Ok(ExitCode::SUCCESS);
     }
     plan.live_leases.refuse_unless(args.force)?;
-    let question = format!("Convert {} from 0.1 to 0.2 in place?", ns.place());
+    let backup = match store.engine() {
+        Engine::Postgres => "pg_dump",
+        Engine::Mongo => "mongodump",
+    };
+    let question = format!(
+        "Convert {} from 0.1 to 0.2 in place? There is no down migration: take a backup first \
+         ({backup}).",
+        ns.place()
+    );
     if !confirm(&question, args.yes)? {
         return declined();
     }
     let started = Instant::now();
-    let progress = |step: &UpgradeStep, i: usize, n: usize| {
-        out.progress(format!(
-            "[{i}/{n}] {} ({:.1}s)",
-            step.name,
-            started.elapsed().as_secs_f64()
-        ));
+    let bar = out.progress(Some(plan.steps.len() as u64), "steps");
+    let progress = |step: &UpgradeStep, i: usize, _: usize| {
+        bar.set_position(i as u64 - 1);
+        bar.set_message(step.name.clone());
     };
-    let outcome = store.upgrade(args.force, &progress).await?;
+    let outcome = store.upgrade(args.force, &progress).await;
+    bar.finish_and_clear();
+    let outcome = outcome?;
     let seconds = started.elapsed().as_secs_f64();
     // Another upgrade may have held the setup lock and converted the store meanwhile.
     let applied = outcome.before == SchemaStatus::V01;
