@@ -212,7 +212,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__bench)
-            opts="-h -V --cell --list --samples --warmup --window --compare --out --no-floor --backlog --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version publish dispatch mixed"
+            opts="-y -h -V --cell --list --samples --warmup --window --compare --out --no-floor --backlog --yes --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version publish dispatch mixed"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

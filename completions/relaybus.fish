@@ -290,6 +290,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l prefix -d 'P
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l list -d 'List the cells and exit'
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l no-floor -d 'Skip the raw-SQL floor runs'
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -s y -l yes -d 'Run even when the server holds relaybus stores with deliveries in them'
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -s h -l help -d 'Print help (see more with \'--help\')'

@@ -250,7 +250,16 @@ pub fn build(configs: Vec<HandlerConfig>) -> Result<Vec<HandlerSpec>, ConfigErro
                             .into(),
                     ))
                 }
-                Target::Exec(cmd) => Arc::new(ShellHandler::new(cmd, c.timeout)),
+                Target::Exec(cmd) => {
+                    if let Some(program) = ShellHandler::missing_program(&cmd) {
+                        return Err(invalid(format!(
+                            "`{program}` is not a command sh can find (not a builtin, and not \
+                             on PATH={}); every attempt would fail",
+                            std::env::var("PATH").unwrap_or_default()
+                        )));
+                    }
+                    Arc::new(ShellHandler::new(cmd, c.timeout))
+                }
                 Target::Noop => Arc::new(NoopHandler),
                 Target::Webhook(url) => {
                     let parsed = reqwest::Url::parse(&url)

@@ -32,6 +32,8 @@ fn one_cell_of_each_scenario_is_measured_exactly_and_reported() {
             "1s",
             "--window",
             "1s",
+            // The test database holds the other tests' stores.
+            "--yes",
             "--json",
             "--out",
         ])
@@ -140,6 +142,8 @@ fn publish_and_dispatch_are_measured_exactly_on_mongodb() {
             // The test server scans on `$in` filters: a small backlog keeps claims short.
             "--backlog",
             "2000",
+            // The test database holds the other tests' stores.
+            "--yes",
             "--json",
             "--out",
         ])
@@ -168,4 +172,30 @@ fn publish_and_dispatch_are_measured_exactly_on_mongodb() {
         "{report}"
     );
     assert!(!report.contains("WAL B/unit"), "{report}");
+}
+
+/// A bench beside a store with deliveries in it asks first; without a terminal to ask on and
+/// without --yes it names the store and measures nothing.
+#[test]
+fn a_server_holding_a_store_with_deliveries_is_not_benchmarked_without_yes() {
+    let s = crate::common::TestSchema::installed("bench_refusal");
+    s.cmd()
+        .args(["publish", "--type", "t", "--handler", "h"])
+        .assert()
+        .success();
+    let o = crate::common::relaybus()
+        .timeout(Duration::from_secs(60))
+        .env("RELAYBUS_DATABASE_URL", database_url())
+        .args(["bench", "--cell", "pub-p1-b1", "--window", "1s"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(stdout(&o), "");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.starts_with("error: This server holds relaybus stores with deliveries in them ("),
+        "{err}"
+    );
+    assert!(err.contains(&s.name), "{err}");
+    assert!(err.ends_with("Run it here? Not confirmed: standard input is not a terminal; rerun with --yes to proceed\n"), "{err}");
 }

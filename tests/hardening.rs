@@ -71,6 +71,58 @@ fn a_webhook_redirect_is_a_failed_attempt_naming_the_location() {
     }
 }
 
+/// A typo in the program's name would fail every attempt until the delivery is buried: it is
+/// refused at start-up, while builtins, reserved words, paths and shell syntax are left to `sh`.
+#[test]
+fn a_handler_whose_program_cannot_be_found_is_refused_at_start_up() {
+    let s = TestSchema::installed("missing_program");
+    publish(&s, &["e1"], "h");
+    let out = s
+        .cmd()
+        .args([
+            "run",
+            "--handler",
+            "h",
+            "--exec",
+            "relaybus-no-such-program --flag",
+        ])
+        .arg("--drain")
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        stderr(&out),
+        "error: handler `h`: `relaybus-no-such-program` is not a command sh can find (not a \
+         builtin, and not on PATH=/usr/bin:/bin); every attempt would fail\n"
+    );
+    let out = s
+        .cmd()
+        .args(["run", "--handler", "h", "--exec", "./relaybus-missing.sh"])
+        .arg("--drain")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(
+        s.count(&format!("SELECT count(*) FROM {}", s.table("deliveries"))),
+        1
+    );
+    for command in [
+        "exit 0",
+        "if true; then exit 0; fi",
+        "X=1 true",
+        "$(echo true)",
+        "/bin/true",
+    ] {
+        let out = s
+            .cmd()
+            .args(["run", "--handler", "h", "--exec", command, "--drain"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{command}: {}", stderr(&out));
+    }
+}
+
 /// An unset variable in a deploy script makes an empty command, which `sh -c` runs
 /// successfully: every delivery would be completed and deleted unhandled.
 #[test]

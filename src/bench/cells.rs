@@ -156,7 +156,72 @@ impl fmt::Display for Cell {
     }
 }
 
+impl Keys {
+    fn describe(self) -> &'static str {
+        match self {
+            Keys::None => "unkeyed",
+            Keys::Distinct => "1,000 keys",
+            Keys::Hot10 => "10 hot keys",
+            Keys::Hot1 => "one key",
+        }
+    }
+}
+
+impl Config {
+    fn describe(self) -> String {
+        let s = self.settings();
+        format!(
+            "concurrency {}, batch {}, pool {}, poll {}",
+            s.concurrency,
+            s.batch_size,
+            s.pool_size,
+            humantime::format_duration(s.poll_interval)
+        )
+    }
+}
+
+/// `1 worker`, `4 workers`.
+fn count(n: u32, what: &str) -> String {
+    match n {
+        1 => format!("1 {what}"),
+        n => format!("{n} {what}s"),
+    }
+}
+
 impl Cell {
+    /// What the cell measures, in words, for `bench --list`.
+    pub fn describe(&self) -> String {
+        match *self {
+            Cell::Publish {
+                publishers,
+                batch,
+                handlers,
+                keys,
+            } => format!(
+                "{}, {batch}/transaction, {}, {}",
+                count(publishers, "publisher"),
+                count(handlers, "handler"),
+                keys.describe()
+            ),
+            Cell::Dispatch {
+                processes,
+                config,
+                handlers,
+                keys,
+            } => format!(
+                "drain: {}, {}, {}; {}",
+                count(processes, "worker"),
+                count(handlers, "handler"),
+                keys.describe(),
+                config.describe()
+            ),
+            Cell::Mixed { rate, config } => format!(
+                "latency at {rate} events/s, 1 worker; {}",
+                config.describe()
+            ),
+        }
+    }
+
     pub fn scenario(&self) -> &'static str {
         match self {
             Cell::Publish { .. } => "publish",

@@ -164,6 +164,11 @@ impl Coordinator {
         }))
     }
 
+    /// The namespaces holding relaybus stores with deliveries in them, the bench's own aside.
+    pub async fn stores(&self) -> Result<Vec<String>, Error> {
+        Ok(self.open("public")?.stores().await?)
+    }
+
     /// A fresh namespace, installed by the binary under test itself.
     async fn fresh_store(&mut self, binary: &Path) -> Result<SampleStore, Error> {
         self.counter += 1;

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 
+use super::output::{confirm, declined};
 use super::{within, GlobalArgs, Output};
 use crate::bench::cells::presets;
 use crate::bench::worker::{self, WorkerPlan};
@@ -66,6 +67,9 @@ pub struct BenchArgs {
     /// out inside the window is doubled and the sample measured again.
     #[arg(long, value_name = "EVENTS", value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     pub backlog: Option<u64>,
+    /// Run even when the server holds relaybus stores with deliveries in them.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -106,8 +110,18 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<Ex
         cells.retain(|c| a.cells.contains(&c.to_string()));
     }
     if a.list {
-        for c in &cells {
-            out.line(c.to_string())?;
+        if out.json {
+            let list: Vec<_> = cells
+                .iter()
+                .map(|c| serde_json::json!({"cell": c.to_string(), "scenario": c.scenario(), "description": c.describe()}))
+                .collect();
+            out.print_json(&list)?;
+        } else {
+            let rows: Vec<Vec<String>> = cells
+                .iter()
+                .map(|c| vec![c.to_string(), c.describe()])
+                .collect();
+            out.table(&["CELL", "WHAT IT MEASURES"], &rows)?;
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -136,6 +150,20 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<Ex
         .environment()
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let stores = coordinator
+        .stores()
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if !stores.is_empty() {
+        let question = format!(
+            "This server holds relaybus stores with deliveries in them ({}): the bench loads \
+             it to its limit, beside their workers. Run it here?",
+            stores.join(", ")
+        );
+        if !confirm(&question, a.yes)? {
+            return declined();
+        }
+    }
     let mut samples = vec![];
     let total = cells.len() as u32 * a.samples * if candidate.is_some() { 2 } else { 1 };
     let bar = out.progress(Some(u64::from(total)), "samples");

@@ -48,6 +48,28 @@ impl ShellHandler {
         Self { command, timeout }
     }
 
+    /// The program the command starts when `sh` cannot find it: checked at start-up, since
+    /// every attempt would fail the same way until the delivery is buried. `command -v` knows
+    /// builtins, reserved words and PATH as `sh` does; a command that begins with shell syntax
+    /// (an assignment, an expansion, a quote) is left for `sh` to judge.
+    pub fn missing_program(command: &str) -> Option<String> {
+        let program = command.split_whitespace().next()?;
+        let plain = program
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_./+-@:,%".contains(c));
+        if !plain {
+            return None;
+        }
+        let found = std::process::Command::new("sh")
+            .args(["-c", "command -v -- \"$1\"", "sh", program])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        (!found).then(|| program.to_owned())
+    }
+
     async fn run(&self, d: &ClaimedDelivery) -> Outcome {
         let envelope = match serde_json::to_vec(&Envelope::of(d)) {
             Ok(v) => v,

@@ -251,6 +251,9 @@ impl BenchStore for AnyStore {
     async fn server_settings(&self) -> Result<BTreeMap<String, String>> {
         on_engine!(self, s => s.server_settings().await)
     }
+    async fn stores(&self) -> Result<Vec<String>> {
+        on_engine!(self, s => s.stores().await)
+    }
     async fn preload(&self, backlog: &Backlog, settle: bool) -> Result<()> {
         on_engine!(self, s => s.preload(backlog, settle).await)
     }

@@ -68,6 +68,9 @@ pub trait BenchStore: Store {
     /// The server's version and the settings a report records.
     fn server_settings(&self) -> impl Future<Output = Result<BTreeMap<String, String>>> + Send;
 
+    /// The namespaces on the server that hold a relaybus store, the benchmark's own aside.
+    fn stores(&self) -> impl Future<Output = Result<Vec<String>>> + Send;
+
     /// Writes a backlog directly. `settle` leaves the store as a long-running one would be
     /// (cleaned up, statistics fresh, nothing waiting to be flushed), so a sample's counters
     /// start clean; without it only the planner's statistics are refreshed.

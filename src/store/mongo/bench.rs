@@ -188,6 +188,28 @@ impl BenchStore for MongoStore {
         Ok(settings)
     }
 
+    async fn stores(&self) -> Result<Vec<String>> {
+        let failed = self.conn.error("could not look for relaybus stores");
+        let client = self.conn.client().await?;
+        let mut stores = vec![];
+        for name in client.list_database_names().await.map_err(&failed)? {
+            if name.starts_with("relaybus_bench_")
+                || ["admin", "config", "local"].contains(&name.as_str())
+            {
+                continue;
+            }
+            let collections = client
+                .database(&name)
+                .list_collection_names()
+                .await
+                .map_err(&failed)?;
+            if collections.iter().any(|c| c.ends_with("deliveries")) {
+                stores.push(name);
+            }
+        }
+        Ok(stores)
+    }
+
     async fn preload(&self, backlog: &Backlog, _settle: bool) -> Result<()> {
         let key = |n: u64| backlog.key_modulus.map(|m| format!("k{}", n % m));
         let now = DateTime::now();

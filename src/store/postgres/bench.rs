@@ -72,6 +72,17 @@ impl BenchStore for PgStore {
             .collect())
     }
 
+    async fn stores(&self) -> Result<Vec<String>> {
+        let conn = self.pool.get().await?;
+        Ok(conn
+            .query_once(&self.sql.bench_stores, &[])
+            .await
+            .map_err(db("could not look for relaybus stores"))?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
     async fn preload(&self, backlog: &Backlog, settle: bool) -> Result<()> {
         let mut conn = self.pool.get().await?;
         let args: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [

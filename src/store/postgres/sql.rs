@@ -136,6 +136,7 @@ statements! {
     bench_server_counters => "bench/server_counters",
     bench_table_counters => "bench/table_counters",
     bench_settings => "bench/settings",
+    bench_stores => "bench/stores",
 }
 
 #[cfg(test)]
