@@ -4,7 +4,9 @@ use std::process::ExitCode;
 use clap::Parser;
 use relaybus::cli::{self, Cli};
 
-#[tokio::main]
+// One thread: every command waits on the database, and a worker's wake-ups across threads cost
+// more than they bought (docs/design/delivery-path.md, "The worker's runtime").
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let json = cli.global.json;
