@@ -19,9 +19,6 @@ _relaybus() {
             relaybus,bench)
                 cmd="relaybus__subcmd__bench"
                 ;;
-            relaybus,bench-worker)
-                cmd="relaybus__subcmd__bench__subcmd__worker"
-                ;;
             relaybus,completions)
                 cmd="relaybus__subcmd__completions"
                 ;;
@@ -115,9 +112,6 @@ _relaybus() {
             relaybus__subcmd__help,bench)
                 cmd="relaybus__subcmd__help__subcmd__bench"
                 ;;
-            relaybus__subcmd__help,bench-worker)
-                cmd="relaybus__subcmd__help__subcmd__bench__subcmd__worker"
-                ;;
             relaybus__subcmd__help,completions)
                 cmd="relaybus__subcmd__help__subcmd__completions"
                 ;;
@@ -182,7 +176,7 @@ _relaybus() {
 
     case "${cmd}" in
         relaybus)
-            opts="-h -V --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version setup schema-sql upgrade publish run deliveries events dead purge lanes stats doctor completions bench bench-worker help"
+            opts="-h -V --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version setup upgrade completions schema-sql publish run deliveries events dead purge lanes stats doctor bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -212,7 +206,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__bench)
-            opts="-y -h -V --cell --list --samples --warmup --window --compare --out --no-floor --backlog --yes --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version publish dispatch mixed"
+            opts="-y -h -V --cell --list --samples --warmup --window --compare --out --no-floor --backlog --yes --schema --lock-timeout --database-url --prefix --json --no-prepared-statements --help --version publish dispatch mixed"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -246,15 +240,7 @@ _relaybus() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --database-url)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 --schema)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --prefix)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -262,33 +248,11 @@ _relaybus() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                *)
-                    COMPREPLY=()
-                    ;;
-            esac
-            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
-            return 0
-            ;;
-        relaybus__subcmd__bench__subcmd__worker)
-            opts="-h -V --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
-            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
-                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
-                return 0
-            fi
-            case "${prev}" in
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --schema)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 --prefix)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --lock-timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -330,12 +294,16 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__dead)
-            opts="-h -V --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version list requeue help"
+            opts="-h -V --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version list requeue help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -345,10 +313,6 @@ _relaybus() {
                     return 0
                     ;;
                 --prefix)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --lock-timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -416,7 +380,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__dead__subcmd__list)
-            opts="-h -V --handler --limit --after --wide --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            opts="-h -V --handler --limit --after --wide --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -434,6 +398,10 @@ _relaybus() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -446,10 +414,6 @@ _relaybus() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --lock-timeout)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -458,7 +422,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__dead__subcmd__requeue)
-            opts="-y -h -V --id --handler --type --error-contains --all --dry-run --yes --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            opts="-y -h -V --id --handler --type --error-contains --all --dry-run --yes --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -480,6 +444,10 @@ _relaybus() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -489,10 +457,6 @@ _relaybus() {
                     return 0
                     ;;
                 --prefix)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --lock-timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -504,12 +468,16 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__deliveries)
-            opts="-h -V --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version list show help"
+            opts="-h -V --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version list show help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -519,10 +487,6 @@ _relaybus() {
                     return 0
                     ;;
                 --prefix)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --lock-timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -590,7 +554,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__deliveries__subcmd__list)
-            opts="-h -V --status --handler --key --event --type --limit --after --wide --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            opts="-h -V --status --handler --key --event --type --limit --after --wide --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -624,6 +588,10 @@ _relaybus() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -633,10 +601,6 @@ _relaybus() {
                     return 0
                     ;;
                 --prefix)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --lock-timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -648,12 +612,16 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__deliveries__subcmd__show)
-            opts="-h -V --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            opts="-h -V --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -663,10 +631,6 @@ _relaybus() {
                     return 0
                     ;;
                 --prefix)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --lock-timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -678,12 +642,16 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__doctor)
-            opts="-h -V --fix-sql --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            opts="-h -V --fix-sql --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -693,10 +661,6 @@ _relaybus() {
                     return 0
                     ;;
                 --prefix)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --lock-timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -708,12 +672,16 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__events)
-            opts="-h -V --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version show help"
+            opts="-h -V --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version show help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -723,10 +691,6 @@ _relaybus() {
                     return 0
                     ;;
                 --prefix)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --lock-timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -780,12 +744,16 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__events__subcmd__show)
-            opts="-h -V --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            opts="-h -V --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -798,10 +766,6 @@ _relaybus() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --lock-timeout)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -810,7 +774,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__help)
-            opts="setup schema-sql upgrade publish run deliveries events dead purge lanes stats doctor completions bench bench-worker help"
+            opts="setup upgrade completions schema-sql publish run deliveries events dead purge lanes stats doctor bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -824,20 +788,6 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__help__subcmd__bench)
-            opts=""
-            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
-                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
-                return 0
-            fi
-            case "${prev}" in
-                *)
-                    COMPREPLY=()
-                    ;;
-            esac
-            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
-            return 0
-            ;;
-        relaybus__subcmd__help__subcmd__bench__subcmd__worker)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -1118,12 +1068,16 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__lanes)
-            opts="-h -V --all --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            opts="-h -V --all --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -1136,10 +1090,6 @@ _relaybus() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --lock-timeout)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -1148,7 +1098,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__publish)
-            opts="-h -V --type --key --id --handler --header --data --batch-size --max-payload-bytes --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            opts="-h -V --type --key --id --handler --header --data --batch-size --max-payload-bytes --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1186,6 +1136,10 @@ _relaybus() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -1198,10 +1152,6 @@ _relaybus() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --lock-timeout)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -1210,7 +1160,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__purge)
-            opts="-y -h -V --completed-older-than --dead-older-than --batch-size --dry-run --yes --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            opts="-y -h -V --completed-older-than --dead-older-than --batch-size --dry-run --yes --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1228,6 +1178,10 @@ _relaybus() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -1240,10 +1194,6 @@ _relaybus() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --lock-timeout)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -1252,7 +1202,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__run)
-            opts="-v -h -V --handler --exec --webhook --noop --sql --config --concurrency --batch-size --poll-interval --lease-duration --pool-size --max-attempts --retry-delay --retry-max-delay --timeout --webhook-secret --drain --completion-window --shutdown-grace --completion-history --wake-up --metrics-addr --log-format --verbose --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            opts="-v -h -V --handler --exec --webhook --noop --sql --config --concurrency --batch-size --poll-interval --lease-duration --pool-size --max-attempts --retry-delay --retry-max-delay --timeout --webhook-secret --drain --completion-window --shutdown-grace --completion-history --wake-up --metrics-addr --log-format --verbose --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1338,6 +1288,10 @@ _relaybus() {
                     COMPREPLY=($(compgen -W "text json" -- "${cur}"))
                     return 0
                     ;;
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -1350,10 +1304,6 @@ _relaybus() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --lock-timeout)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -1362,7 +1312,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__schema__subcmd__sql)
-            opts="-h -V --from --grants --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            opts="-h -V --from --grants --no-prepared-statements --lock-timeout --database-url --schema --prefix --json --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1376,6 +1326,10 @@ _relaybus() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -1385,10 +1339,6 @@ _relaybus() {
                     return 0
                     ;;
                 --prefix)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --lock-timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -1430,12 +1380,16 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__stats)
-            opts="-h -V --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            opts="-h -V --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -1445,10 +1399,6 @@ _relaybus() {
                     return 0
                     ;;
                 --prefix)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --lock-timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -1,16 +1,24 @@
 use std::io::ErrorKind;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::FromArgMatches;
 use relaybus::cli::{self, Cli};
 
 // One thread: every command waits on the database, and a worker's wake-ups across threads cost
 // more than they bought (docs/design/delivery-path.md, "The worker's runtime").
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let json = cli.global.json;
-    match cli::run(cli).await {
+    let run = if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == cli::BENCH_WORKER)
+    {
+        (false, cli::bench_worker().await)
+    } else {
+        let cli = Cli::from_arg_matches(&cli::command().get_matches()).unwrap_or_else(|e| e.exit());
+        (cli.global.json, cli::run(cli).await)
+    };
+    let (json, result) = run;
+    match result {
         Ok(code) => code,
         Err(e) => {
             // A closed pipe (`relaybus ... | head`) is the reader's choice, not a failure.

@@ -13,6 +13,50 @@ use crate::common::{finish, stderr, TestSchema};
 #[test]
 fn the_command_definition_is_consistent() {
     Cli::command().debug_assert();
+    relaybus::cli::command().debug_assert();
+}
+
+/// Every option and argument any help shows, with its command's path, and whether it is empty.
+fn shown_arguments(cmd: &clap::Command, path: String, found: &mut Vec<(String, String, bool)>) {
+    for a in cmd.get_arguments().filter(|a| !a.is_hide_set()) {
+        let help = a.get_long_help().or(a.get_help()).map(|h| h.to_string());
+        found.push((
+            path.clone(),
+            a.get_id().to_string(),
+            help.unwrap_or_default().trim().is_empty(),
+        ));
+    }
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        shown_arguments(sub, format!("{path} {}", sub.get_name()), found);
+    }
+}
+
+#[test]
+fn every_option_shown_has_a_description_and_only_where_it_applies() {
+    let mut cmd = relaybus::cli::command();
+    cmd.build();
+    let mut found = vec![];
+    shown_arguments(&cmd, "relaybus".into(), &mut found);
+    let blank: Vec<String> = found
+        .iter()
+        .filter(|(_, _, blank)| *blank)
+        .map(|(path, id, _)| format!("{path} {id}"))
+        .collect();
+    assert_eq!(blank, Vec::<String>::new());
+    let shown = |path: &str| -> Vec<&str> {
+        found
+            .iter()
+            .filter(|(p, _, _)| p == path)
+            .map(|(_, id, _)| id.as_str())
+            .collect()
+    };
+    assert_eq!(shown("relaybus completions"), ["shell", "help", "version"]);
+    assert!(!shown("relaybus schema-sql").contains(&"lock_timeout"));
+    assert!(!shown("relaybus dead list").contains(&"lock_timeout"));
+    assert!(shown("relaybus dead list").contains(&"database_url"));
+    assert!(shown("relaybus setup").contains(&"lock_timeout"));
+    assert!(shown("relaybus upgrade").contains(&"lock_timeout"));
+    assert!(!found.iter().any(|(p, _, _)| p.contains("bench-worker")));
 }
 
 fn relaybus() -> Command {
@@ -192,5 +236,52 @@ fn generated_files_are_fresh() {
         stale.is_empty(),
         "stale generated files: {}; run `RELAYBUS_REGENERATE=1 cargo test generated_files` and commit them",
         stale.join(", ")
+    );
+}
+
+/// When no server answers, the advice names where the URL came from, and with nothing given,
+/// which server libpq's variables and defaults chose.
+#[test]
+fn a_refused_connection_names_where_the_url_came_from() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let refused = format!(
+        "error: could not connect to PostgreSQL at 127.0.0.1:{port}/x as app: Connection refused \
+         (os error 111); "
+    );
+    let out = relaybus()
+        .args([
+            "--database-url",
+            &format!("postgres://app@127.0.0.1:{port}/x"),
+            "lanes",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69));
+    assert_eq!(
+        stderr(&out),
+        format!("{refused}check --database-url and that the server is running\n")
+    );
+    let out = relaybus()
+        .env_remove("RELAYBUS_DATABASE_URL_FILE")
+        .env("PGHOST", "127.0.0.1")
+        .env("PGPORT", port.to_string())
+        .env("PGUSER", "app")
+        .env("PGDATABASE", "x")
+        .arg("lanes")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "{refused}no --database-url, RELAYBUS_DATABASE_URL or RELAYBUS_DATABASE_URL_FILE was \
+             given, so libpq's variables (PGHOST=127.0.0.1, PGPORT={port}, PGUSER=app, \
+             PGDATABASE=x) and defaults chose this server; give --database-url, or start a \
+             server there\n"
+        )
     );
 }

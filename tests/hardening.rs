@@ -516,8 +516,8 @@ fn a_server_that_never_answers_fails_within_the_connect_timeout() {
         stderr(&out),
         format!(
             "error: could not connect to PostgreSQL at 127.0.0.1:{port}/x as app: no answer \
-             within 2s (connect_timeout, or PGCONNECT_TIMEOUT); check --database-url (or \
-             RELAYBUS_DATABASE_URL) and that the server is running\n"
+             within 2s (connect_timeout, or PGCONNECT_TIMEOUT); check RELAYBUS_DATABASE_URL \
+             (set in the environment) and that the server is running\n"
         )
     );
     assert!(took < Duration::from_secs(6), "{took:?}");

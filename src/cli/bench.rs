@@ -79,10 +79,6 @@ pub enum Scenario {
     Mixed,
 }
 
-/// One process of a benchmark, started by `relaybus bench` with its plan as JSON on stdin.
-#[derive(Debug, Args)]
-pub struct WorkerArgs {}
-
 pub(super) async fn run_worker(out: &Output) -> Result<ExitCode> {
     let mut text = String::new();
     std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)

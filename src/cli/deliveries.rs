@@ -36,8 +36,10 @@ pub enum DeliveriesCommand {
 
 #[derive(Debug, Args)]
 pub struct ListArgs {
+    /// Only deliveries in this state.
     #[arg(long, value_enum)]
     pub status: Option<Status>,
+    /// Only deliveries of this handler.
     #[arg(long, value_name = "NAME")]
     pub handler: Option<String>,
     /// Ordering key.

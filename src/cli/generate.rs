@@ -4,10 +4,10 @@
 use std::process::ExitCode;
 
 use anyhow::Result;
-use clap::{Args, CommandFactory};
+use clap::Args;
 use clap_complete::Shell;
 
-use super::{Cli, GlobalArgs, Output};
+use super::{GlobalArgs, Output};
 
 /// Print a shell completion script.
 ///
@@ -17,6 +17,7 @@ use super::{Cli, GlobalArgs, Output};
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct CompletionsArgs {
+    /// The shell to complete for.
     #[arg(value_enum)]
     pub shell: Shell,
 }
@@ -24,7 +25,7 @@ pub struct CompletionsArgs {
 /// The completion script for a shell.
 pub fn completions(shell: Shell) -> Vec<u8> {
     let mut out = Vec::new();
-    clap_complete::generate(shell, &mut Cli::command(), "relaybus", &mut out);
+    clap_complete::generate(shell, &mut super::command(), "relaybus", &mut out);
     out
 }
 
@@ -43,8 +44,7 @@ pub fn man_pages() -> Result<Vec<(String, Vec<u8>)>> {
         }
         Ok(())
     }
-    let mut cmd = Cli::command();
-    cmd.build();
+    let cmd = super::command();
     let mut pages = Vec::new();
     walk(&cmd, "relaybus".into(), &mut pages)?;
     Ok(pages)

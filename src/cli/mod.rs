@@ -53,8 +53,9 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Options every command takes.
+/// Options every command takes (`command()` hides those that do nothing for a command).
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Global options")]
 pub struct GlobalArgs {
     /// Database URL: postgres://user:password@host:port/db (or libpq's key=value pairs), or
     /// mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file
@@ -115,8 +116,63 @@ pub enum Command {
     Doctor(doctor::DoctorArgs),
     Completions(generate::CompletionsArgs),
     Bench(bench::BenchArgs),
-    #[command(hide = true)]
-    BenchWorker(bench::WorkerArgs),
+}
+
+/// The global options each command has no use for: hidden from its help, man page and
+/// completions. Only schema changes wait for locks; only commands that connect send statements;
+/// the completion script depends on nothing.
+const NOT_APPLICABLE: &[(&str, &[&str])] = &[
+    (
+        "completions",
+        &[
+            "database_url",
+            "schema",
+            "prefix",
+            "json",
+            "no_prepared_statements",
+            "lock_timeout",
+        ],
+    ),
+    ("schema-sql", &["no_prepared_statements", "lock_timeout"]),
+    ("publish", &["lock_timeout"]),
+    ("run", &["lock_timeout"]),
+    ("deliveries", &["lock_timeout"]),
+    ("events", &["lock_timeout"]),
+    ("dead", &["lock_timeout"]),
+    ("purge", &["lock_timeout"]),
+    ("lanes", &["lock_timeout"]),
+    ("stats", &["lock_timeout"]),
+    ("doctor", &["lock_timeout"]),
+    ("bench", &["schema", "lock_timeout"]),
+];
+
+/// The command line's definition, as parsed and as help, man pages and completions show it.
+/// A command gets hidden copies of the global options it has no use for: clap propagates a
+/// global option only to commands that do not define it themselves.
+pub fn command() -> clap::Command {
+    let cmd = <Cli as clap::CommandFactory>::command();
+    let globals: Vec<clap::Arg> = cmd
+        .get_arguments()
+        .filter(|a| a.is_global_set())
+        .cloned()
+        .collect();
+    NOT_APPLICABLE.iter().fold(cmd, |cmd, (name, ids)| {
+        cmd.mut_subcommand(name, |sub| {
+            globals
+                .iter()
+                .filter(|a| ids.contains(&a.get_id().as_str()))
+                .fold(sub, |sub, a| sub.arg(a.clone().hide(true)))
+        })
+    })
+}
+
+/// The hidden command each process of `relaybus bench` runs, recognised before the command
+/// line is parsed so that it shows in no help, man page or completion.
+pub const BENCH_WORKER: &str = "bench-worker";
+
+/// Runs one bench process: its plan comes on stdin, its report goes to stdout.
+pub async fn bench_worker() -> Result<ExitCode> {
+    bench::run_worker(&Output::new(false)).await
 }
 
 /// An error in what the user typed, found after parsing (a missing handler, a requeue without a
@@ -152,6 +208,55 @@ pub mod exit {
     pub const UNAVAILABLE: u8 = 69;
 }
 
+/// No server answered: the store's error with what to check, named as the user gave the URL.
+#[derive(Debug)]
+pub struct Unavailable(pub String);
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Unavailable {}
+
+/// What to check when no server answered, naming where the URL came from.
+fn connection_hint() -> String {
+    let flag = std::env::args_os().any(|a| {
+        let a = a.to_string_lossy();
+        a == "--database-url" || a.starts_with("--database-url=")
+    });
+    if flag {
+        return "check --database-url and that the server is running".into();
+    }
+    if std::env::var_os("RELAYBUS_DATABASE_URL").is_some() {
+        return "check RELAYBUS_DATABASE_URL (set in the environment) and that the server is \
+                running"
+            .into();
+    }
+    if let Some(file) = std::env::var_os("RELAYBUS_DATABASE_URL_FILE") {
+        return format!(
+            "check the URL in RELAYBUS_DATABASE_URL_FILE (`{}`) and that the server is running",
+            file.to_string_lossy()
+        );
+    }
+    let libpq: Vec<String> = ["PGHOST", "PGPORT", "PGUSER", "PGDATABASE"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok().map(|value| format!("{v}={value}")))
+        .collect();
+    let chosen = match libpq.as_slice() {
+        [] => "libpq's defaults chose this server".to_owned(),
+        set => format!(
+            "libpq's variables ({}) and defaults chose this server",
+            set.join(", ")
+        ),
+    };
+    format!(
+        "no --database-url, RELAYBUS_DATABASE_URL or RELAYBUS_DATABASE_URL_FILE was given, so \
+         {chosen}; give --database-url, or start a server there"
+    )
+}
+
 /// The exit code an error ends the command with.
 pub fn exit_code(e: &anyhow::Error) -> u8 {
     use crate::config::ConfigError;
@@ -159,6 +264,9 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
     for cause in e.chain() {
         if cause.is::<UsageError>() || cause.is::<ConfigError>() {
             return exit::USAGE;
+        }
+        if cause.is::<Unavailable>() {
+            return exit::UNAVAILABLE;
         }
         match cause.downcast_ref::<StoreError>() {
             Some(
@@ -240,7 +348,7 @@ impl GlobalArgs {
 pub async fn run(cli: Cli) -> Result<ExitCode> {
     let out = Output::new(cli.global.json);
     let g = &cli.global;
-    match cli.command {
+    let result = match cli.command {
         Command::Setup(args) => setup::run(g, &out, args).await,
         Command::SchemaSql(args) => schema_sql::run(g, &out, args),
         Command::Upgrade(args) => upgrade::run(g, &out, args).await,
@@ -255,6 +363,18 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Doctor(args) => doctor::run(g, &out, args).await,
         Command::Completions(args) => generate::run(g, &out, args),
         Command::Bench(args) => bench::run(g, &out, args).await,
-        Command::BenchWorker(_) => bench::run_worker(&out).await,
-    }
+    };
+    result.map_err(|e| {
+        let unavailable = e.chain().any(|c| {
+            matches!(
+                c.downcast_ref::<crate::store::StoreError>(),
+                Some(crate::store::StoreError::Connect { .. })
+            )
+        });
+        if unavailable {
+            Unavailable(format!("{e:#}; {}", connection_hint())).into()
+        } else {
+            e
+        }
+    })
 }

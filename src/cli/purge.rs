@@ -24,8 +24,11 @@ use crate::store::{purge, PurgeCounts, PurgeOptions, Store, StoreOptions};
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct PurgeArgs {
+    /// Completed rows kept from 0.1, completion history, and events without deliveries, older
+    /// than this (7d, 12h).
     #[arg(long, value_parser = within(PurgeOptions::AGE_BOUNDS), value_name = "DURATION")]
     pub completed_older_than: Option<Duration>,
+    /// Dead deliveries last updated longer ago than this (30d).
     #[arg(long, value_parser = within(PurgeOptions::AGE_BOUNDS), value_name = "DURATION")]
     pub dead_older_than: Option<Duration>,
     /// Rows per statement.

@@ -48,7 +48,7 @@ pub struct Reporter {
     pub counters: Counters,
     /// The live status line, on a terminal with text logs; log lines are printed above it.
     status: Option<ProgressBar>,
-    /// (when, handled) a few seconds back, for the recent rate.
+    /// (when, attempts ended) a few seconds back, for the recent rate.
     recent: Mutex<VecDeque<(Instant, u64)>>,
 }
 
@@ -102,25 +102,27 @@ impl Reporter {
         };
         let s = self.counters.summary();
         let now = Instant::now();
+        // Every attempt that ended counts: a worker burying a poisoned backlog is busy too.
+        let ended = s.handled + s.failed + s.dead;
         let rate = {
             let mut recent = self.recent.lock().expect("reporter lock");
-            recent.push_back((now, s.handled));
+            recent.push_back((now, ended));
             while recent
                 .front()
                 .is_some_and(|(at, _)| now - *at > RATE_WINDOW)
             {
                 recent.pop_front();
             }
-            let (since, then) = recent.front().copied().unwrap_or((now, s.handled));
+            let (since, then) = recent.front().copied().unwrap_or((now, ended));
             let seconds = (now - since).as_secs_f64();
             if seconds > 0.0 {
-                (s.handled - then) as f64 / seconds
+                (ended - then) as f64 / seconds
             } else {
                 0.0
             }
         };
         bar.set_message(format!(
-            "handled {}  failed {}  dead {}  in flight {in_flight}  {rate:.0}/s",
+            "handled {}  failed {}  dead {}  in flight {in_flight}  {rate:.0} attempts/s",
             s.handled, s.failed, s.dead
         ));
         bar.tick();

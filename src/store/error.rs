@@ -30,7 +30,9 @@ pub enum StoreError {
 
     // The driver's error is described in the message (`detail`), not chained as a source, so
     // `{:#}` prints it once.
-    #[error("could not connect to {target}: {detail}; check --database-url (or RELAYBUS_DATABASE_URL) and that the server is running")]
+    // What to check depends on where the URL came from, which the command line knows: it adds
+    // that (`cli::Unavailable`).
+    #[error("could not connect to {target}: {detail}")]
     Connect {
         target: String,
         detail: String,
