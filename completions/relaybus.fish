@@ -61,6 +61,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l schema -d 
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l dry-run -d 'Print the plan and stop; write nothing'
+complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l show-sql -d 'With --dry-run, also print the conversion as the script `schema-sql --from 0.1` renders (SQL, or mongosh on MongoDB)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -s y -l yes -d 'Do not ask for confirmation'
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l force -d 'Convert even while 0.1 deliveries hold unexpired leases (their workers must be stopped)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l json -d 'Print results as JSON for scripts (stable field names)'

@@ -554,7 +554,7 @@ fn upgrade_converts_the_0_1_fixture_and_a_second_run_changes_nothing() {
     );
     assert!(text.contains(" [8 rows]\n  2. events-handlers: "), "{text}");
     assert!(text.contains(" [6 rows]\n  3. install: drop the 0.1 indexes, found by definition whatever their names; create the 0.2 collections and indexes, seed the 256 lanes, record the version; drops relaybus_deliveries.eventId_1_handler_1, relaybus_deliveries.handler_1_createdAt_1, relaybus_deliveries.key_1_handler_1_sequence_1, relaybus_deliveries.status_1_completedAt_1, relaybus_deliveries.status_1_lane_1_dueAt_1, relaybus_deliveries.status_1_leaseExpiresAt_1, relaybus_deliveries.status_1_updatedAt_1; creates relaybus_deliveries.eventId_handler_unique, relaybus_deliveries.lane_due, relaybus_deliveries.lane_key_sequence, relaybus_deliveries.dead_updated, relaybus_events.created, relaybus_completions.completed, relaybus_schema, relaybus_lanes, relaybus_completions\n"), "{text}");
-    assert!(text.ends_with("dry run: nothing was written\n"), "{text}");
+    assert!(text.ends_with("locks: none on the collections: the conversion runs in batches of 1,000 documents under relaybus's setup lock; stop 0.1 workers first\ndry run: nothing was written\n"), "{text}");
     assert_eq!(snapshot(&m), before);
 
     let out = m.cmd().args(["upgrade", "--yes"]).output().unwrap();

@@ -307,6 +307,35 @@ fn upgrade_converts_the_0_1_fixture_and_a_second_run_changes_nothing() {
     assert_eq!(snapshot(&s), after_first);
 }
 
+/// The shipped fixture is plain SQL: psql loads it as it is into the search path's schema, and
+/// the upgrade converts what it loaded.
+#[test]
+fn the_0_1_fixture_loads_with_psql_as_it_is() {
+    let s = TestSchema::new("psql_fixture");
+    s.exec(&format!("CREATE SCHEMA \"{}\"", s.name));
+    let out = std::process::Command::new("psql")
+        .args([
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-f",
+            "sql/fixtures/store-0.1.sql",
+        ])
+        .arg(crate::common::database_url())
+        .env("PGOPTIONS", format!("-csearch_path={}", s.name))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    s.cmd().args(["upgrade", "--yes"]).assert().success();
+    assert_converted(&s);
+}
+
 /// The conversion finds 0.1 indexes by what they are, not by what they are called: renamed ones
 /// go, and a 0.1 dead-letter index under the 0.2 name is replaced by the 0.2 one.
 #[test]
@@ -376,7 +405,34 @@ fn upgrade_dry_run_writes_nothing() {
     let before = snapshot(&s);
     let out = s.cmd().args(["upgrade", "--dry-run"]).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stdout(&out).ends_with("dry run: nothing was written\n"));
+    let locks = format!(
+        "locks: ACCESS EXCLUSIVE on {} and {} from the first step to the commit (one \
+         transaction): every read and write of them waits until it ends, for a time that grows \
+         with the rows above\n",
+        s.namespace().table("events"),
+        s.namespace().table("deliveries")
+    );
+    assert!(
+        stdout(&out).ends_with(&format!("{locks}dry run: nothing was written\n")),
+        "{}",
+        stdout(&out)
+    );
+    // --show-sql prints the script schema-sql renders for the same store.
+    let script = s
+        .cmd()
+        .args(["schema-sql", "--from", "0.1"])
+        .output()
+        .unwrap();
+    let out = s
+        .cmd()
+        .args(["upgrade", "--dry-run", "--show-sql"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).ends_with(&format!(
+        "{locks}{}dry run: nothing was written\n",
+        stdout(&script)
+    )));
     let json = s
         .cmd()
         .args(["upgrade", "--dry-run", "--json"])
@@ -386,7 +442,14 @@ fn upgrade_dry_run_writes_nothing() {
     assert_eq!(plan["applied"], false);
     assert_eq!(plan["plan"]["counts"]["processing"], 2);
     assert_eq!(plan["plan"]["steps"].as_array().unwrap().len(), 5);
+    assert_eq!(plan["sql"], serde_json::Value::Null);
+    assert_eq!(
+        format!("locks: {}\n", plan["locks"].as_str().unwrap()),
+        locks
+    );
     assert_eq!(snapshot(&s), before);
+    let refused = s.cmd().args(["upgrade", "--show-sql"]).output().unwrap();
+    assert_eq!(refused.status.code(), Some(2));
 }
 
 #[test]

@@ -9,7 +9,10 @@ use serde_json::json;
 
 use super::output::{confirm, declined};
 use super::{GlobalArgs, Output};
-use crate::store::{Engine, SchemaStatus, Store, StoreOptions, UpgradePlan, UpgradeStep};
+use crate::store::{
+    schema_script, Engine, Namespace, SchemaStatus, Script, Store, StoreOptions, UpgradePlan,
+    UpgradeStep,
+};
 
 /// Convert a 0.1 store to 0.2 in place.
 ///
@@ -23,12 +26,32 @@ pub struct UpgradeArgs {
     /// Print the plan and stop; write nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// With --dry-run, also print the conversion as the script `schema-sql --from 0.1` renders
+    /// (SQL, or mongosh on MongoDB).
+    #[arg(long, requires = "dry_run")]
+    pub show_sql: bool,
     /// Do not ask for confirmation.
     #[arg(long, short = 'y')]
     pub yes: bool,
     /// Convert even while 0.1 deliveries hold unexpired leases (their workers must be stopped).
     #[arg(long)]
     pub force: bool,
+}
+
+/// What the conversion locks, and so what waits while it runs.
+fn locks(engine: Engine, ns: &Namespace) -> String {
+    match engine {
+        Engine::Postgres => format!(
+            "ACCESS EXCLUSIVE on {} and {} from the first step to the commit (one \
+             transaction): every read and write of them waits until it ends, for a time that \
+             grows with the rows above",
+            ns.table("events"),
+            ns.table("deliveries")
+        ),
+        Engine::Mongo => "none on the collections: the conversion runs in batches of 1,000 \
+                          documents under relaybus's setup lock; stop 0.1 workers first"
+            .into(),
+    }
 }
 
 fn print_plan(out: &Output, plan: &UpgradePlan) -> Result<()> {
@@ -80,13 +103,22 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Resu
                 .into())
         }
     }
+    let locks = locks(store.engine(), &ns);
     if !out.json {
         print_plan(out, &plan)?;
+        out.line(format!("locks: {locks}"))?;
     }
     if args.dry_run {
+        let script = args
+            .show_sql
+            .then(|| schema_script(store.engine(), &ns, &Script::ConvertFrom01))
+            .transpose()?;
         if out.json {
-            out.print_json(&json!({"dry_run": true, "applied": false, "plan": plan}))?;
+            out.print_json(&json!({"dry_run": true, "applied": false, "plan": plan, "locks": locks, "sql": script}))?;
         } else {
+            if let Some(script) = script {
+                out.line(script.trim_end())?;
+            }
             out.line("dry run: nothing was written")?;
         }
         return Ok(ExitCode::SUCCESS);

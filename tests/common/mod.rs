@@ -128,10 +128,11 @@ impl TestSchema {
     /// A schema holding the reconstructed 0.1 store.
     pub fn with_fixture_0_1(test: &str) -> Self {
         let s = Self::new(test);
-        s.exec(
-            &s.namespace()
-                .render(include_str!("../../sql/fixtures/store-0.1.sql")),
-        );
+        s.exec(&format!(
+            "CREATE SCHEMA \"{0}\"; SET search_path TO \"{0}\"; {1}; RESET search_path",
+            s.name,
+            include_str!("../../sql/fixtures/store-0.1.sql")
+        ));
         s
     }
 
