@@ -12,3 +12,5 @@ pub mod config;
 pub mod dispatch;
 pub mod handler;
 pub mod store;
+#[cfg(test)]
+mod test_servers;

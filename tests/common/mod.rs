@@ -15,9 +15,11 @@ use assert_cmd::Command;
 use relaybus::store::{AnyStore, Namespace, StoreOptions};
 use tokio_postgres::{Client, NoTls, Row};
 
+#[path = "../../src/test_servers.rs"]
+pub(crate) mod test_servers;
+
 pub fn database_url() -> String {
-    std::env::var("RELAYBUS_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    test_servers::postgres_url()
 }
 
 pub fn runtime() -> &'static tokio::runtime::Runtime {

@@ -8,8 +8,7 @@ use relaybus::store::{AnyStore, Namespace, StoreOptions};
 use super::{relaybus, runtime, unique};
 
 pub fn mongo_url() -> String {
-    std::env::var("RELAYBUS_TEST_MONGODB_URL")
-        .unwrap_or_else(|_| "mongodb://127.0.0.1:27017/?directConnection=true".into())
+    super::test_servers::mongodb_url()
 }
 
 fn client() -> mongodb::Client {

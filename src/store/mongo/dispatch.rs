@@ -748,8 +748,7 @@ pub(super) mod tests {
     }
 
     fn store(database: &str) -> MongoStore {
-        let url = std::env::var("RELAYBUS_TEST_MONGODB_URL")
-            .unwrap_or_else(|_| "mongodb://127.0.0.1:27017/?directConnection=true".into());
+        let url = crate::test_servers::mongodb_url();
         let ns = Namespace::for_mongo(database, "relaybus_").unwrap();
         MongoStore::open(&url, ns, StoreOptions::worker(2)).unwrap()
     }

@@ -8,8 +8,7 @@ use super::PgStore;
 use crate::store::{Namespace, Store, StoreOptions};
 
 pub(crate) fn database_url() -> String {
-    std::env::var("RELAYBUS_TEST_DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+    crate::test_servers::postgres_url()
 }
 
 impl PgStore {
