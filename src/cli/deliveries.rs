@@ -151,7 +151,7 @@ pub(crate) fn print_deliveries(
             let mut row = vec![
                 d.id.as_deref()
                     .map_or_else(|| "-".into(), |id| short_id(id, wide)),
-                d.event_id.clone(),
+                short_id(&d.event_id, wide),
                 d.handler.clone(),
             ];
             if !how.dead {
