@@ -369,6 +369,62 @@ fn requeue_selects_only_dead_deliveries_and_asks_first() {
         .stdout("no dead deliveries match; nothing requeued\n");
 }
 
+/// Asked on a terminal (a pty from `script`), a requeue shows some of the deliveries it selects
+/// before the question; answering no changes nothing and exits 0.
+#[test]
+fn a_requeue_asked_on_a_terminal_shows_a_sample_and_no_changes_nothing() {
+    let s = TestSchema::installed("admin_requeue_tty");
+    s.publish(&[
+        json!({"id": "e1", "type": "order.paid", "handlers": ["billing", "crm"]}),
+        json!({"id": "e2", "type": "user.new", "handlers": ["billing"]}),
+    ]);
+    bury(&s, "billing", "HTTP 503 from billing");
+    bury(&s, "crm", "crm rejected");
+    let command = format!(
+        "stty cols 200; '{}' --database-url '{}' --schema {} dead requeue --error-contains 503",
+        assert_cmd::cargo::cargo_bin("relaybus").display(),
+        crate::common::database_url(),
+        s.name
+    );
+    let mut script = std::process::Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Typed ahead, the key waits in the terminal until the prompt reads it.
+    std::io::Write::write_all(script.stdin.as_mut().unwrap(), b"n").unwrap();
+    let out = crate::common::finish(script, Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    let sample: Vec<&str> = text
+        .lines()
+        // The key typed ahead is echoed first.
+        .skip_while(|l| !l.ends_with("for instance:"))
+        .take_while(|l| !l.contains("Requeue"))
+        .collect();
+    assert_eq!(sample.len(), 4, "{text}");
+    assert!(sample[1].starts_with("ID "), "{text}");
+    assert!(
+        sample[2..]
+            .iter()
+            .all(|l| l.contains("billing") && l.contains("exit 65: HTTP 503")),
+        "{text}"
+    );
+    assert!(text.contains("Requeue 2 dead deliveries?"), "{text}");
+    assert!(
+        text.ends_with("not confirmed; nothing was changed\n"),
+        "{text}"
+    );
+    assert_eq!(
+        s.count(&format!(
+            "SELECT count(*) FROM {} WHERE status = 'dead'",
+            s.table("deliveries")
+        )),
+        3
+    );
+}
+
 #[test]
 fn a_requeue_racing_a_running_worker_loses_nothing_and_runs_nothing_twice() {
     let s = TestSchema::installed("admin_requeue_race");
