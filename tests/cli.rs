@@ -285,3 +285,30 @@ fn a_refused_connection_names_where_the_url_came_from() {
         )
     );
 }
+
+/// `bench --list` says what each cell is, as a table and as JSON with one shape per cell.
+#[test]
+fn bench_list_describes_every_cell() {
+    let out = relaybus()
+        .args(["bench", "--list", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let cells: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(cells.len(), 26);
+    for c in &cells {
+        let keys: Vec<&String> = c.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["cell", "scenario", "description"], "{c}");
+    }
+    assert_eq!(
+        cells[13],
+        serde_json::json!({
+            "cell": "disp-1i-tuned",
+            "scenario": "dispatch",
+            "description": "drain: 1 worker, 1 handler, unkeyed; concurrency 200, batch 200, pool 40, poll 50ms"
+        })
+    );
+    let out = relaybus().args(["bench", "--list"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("CELL                 WHAT IT MEASURES\npub-p1-b1            1 publisher, 1/transaction, 1 handler, unkeyed\n"), "{text}");
+}
