@@ -312,3 +312,20 @@ fn bench_list_describes_every_cell() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.starts_with("CELL                 WHAT IT MEASURES\npub-p1-b1            1 publisher, 1/transaction, 1 handler, unkeyed\n"), "{text}");
 }
+
+/// A man page sets a help text's examples without filling, as the help shows them.
+#[test]
+fn man_pages_keep_the_layout_of_examples() {
+    let pages = man_pages().unwrap();
+    let purge = pages
+        .iter()
+        .find(|(name, _)| name == "relaybus-purge.1")
+        .map(|(_, page)| String::from_utf8_lossy(page).into_owned())
+        .unwrap();
+    assert!(
+        purge.contains(
+            ".nf\n  relaybus purge \\-\\-dead\\-older\\-than 30d \\-\\-completed\\-older\\-than 7d \\-\\-dry\\-run\n  relaybus purge \\-\\-completed\\-older\\-than 7d \\-\\-yes\n.fi\n"
+        ),
+        "{purge}"
+    );
+}

@@ -38,7 +38,10 @@ pub fn man_pages() -> Result<Vec<(String, Vec<u8>)>> {
             .bin_name(name.replace('-', " "));
         let mut page = Vec::new();
         clap_mangen::Man::new(cmd.clone()).render(&mut page)?;
-        pages.push((format!("{name}.1"), page));
+        pages.push((
+            format!("{name}.1"),
+            keep_examples(&String::from_utf8(page)?),
+        ));
         for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
             walk(sub, format!("{name}-{}", sub.get_name()), pages)?;
         }
@@ -48,6 +51,28 @@ pub fn man_pages() -> Result<Vec<(String, Vec<u8>)>> {
     let mut pages = Vec::new();
     walk(&cmd, "relaybus".into(), &mut pages)?;
     Ok(pages)
+}
+
+/// Examples, the indented lines of a help text, are set without filling, so that man shows
+/// them as the help does instead of joining and justifying them.
+fn keep_examples(roff: &str) -> Vec<u8> {
+    let mut out = String::with_capacity(roff.len());
+    let mut in_example = false;
+    for line in roff.lines() {
+        let example = line.starts_with("  ");
+        if example && !in_example {
+            out.push_str(".nf\n");
+        } else if !example && in_example {
+            out.push_str(".fi\n");
+        }
+        in_example = example;
+        out.push_str(line);
+        out.push('\n');
+    }
+    if in_example {
+        out.push_str(".fi\n");
+    }
+    out.into_bytes()
 }
 
 pub fn run(_: &GlobalArgs, out: &Output, args: CompletionsArgs) -> Result<ExitCode> {
