@@ -7,24 +7,17 @@
 set -euo pipefail
 owner=${1:?usage: throwaway-mongodb.sh PID}
 cd "$(dirname "$0")/.."
-say() { echo "throwaway-mongodb: $*" >&2; }
+. scripts/common.sh
 if [ ! -x .venv-mongo/bin/secantusd-py ]; then
   say "installing SecantusDB into .venv-mongo"
   if ! python3 -m venv .venv-mongo >&2 2>/dev/null; then
-    sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
-    $sudo apt-get update -q >&2
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q python3-venv >&2
+    apt_install python3-venv
     python3 -m venv .venv-mongo >&2
   fi
   .venv-mongo/bin/pip install -q SecantusDB >&2
 fi
 dir=$(mktemp -d /tmp/relaybus-mongodb.XXXXXX)
-port=""
-for _ in $(seq 1 50); do
-  candidate=$((20000 + RANDOM % 40000))
-  if ! (exec 3<>"/dev/tcp/127.0.0.1/$candidate") 2>/dev/null; then port=$candidate; break; fi
-done
-[ -n "$port" ] || { say "found no free port"; exit 1; }
+port=$(free_port)
 say "starting SecantusDB on 127.0.0.1:$port, data in $dir"
 .venv-mongo/bin/secantusd-py --host 127.0.0.1 --port "$port" --storage-path "$dir" \
   --oplog-max-entries 20000 >"$dir.log" 2>&1 </dev/null &

@@ -6,14 +6,12 @@
 #   url=$(scripts/throwaway-postgres.sh $$)
 set -euo pipefail
 owner=${1:?usage: throwaway-postgres.sh PID}
-say() { echo "throwaway-postgres: $*" >&2; }
+. "$(dirname "$0")/common.sh"
 
 bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)
 if [ -z "$bin" ] || [ ! -x "$bin/initdb" ]; then
   say "installing PostgreSQL's server with apt-get"
-  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
-  $sudo apt-get update -q >&2
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q postgresql >&2
+  apt_install postgresql
   bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
 fi
 # The server refuses to run as root.
@@ -21,12 +19,7 @@ as_server() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"
 
 dir=$(mktemp -d /tmp/relaybus-postgres.XXXXXX)
 [ "$(id -u)" = 0 ] && chown postgres: "$dir"
-port=""
-for _ in $(seq 1 50); do
-  candidate=$((20000 + RANDOM % 40000))
-  if ! (exec 3<>"/dev/tcp/127.0.0.1/$candidate") 2>/dev/null; then port=$candidate; break; fi
-done
-[ -n "$port" ] || { say "found no free port"; exit 1; }
+port=$(free_port)
 say "starting PostgreSQL ($bin) on 127.0.0.1:$port, data in $dir"
 as_server "$bin/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 >/dev/null
 as_server "$bin/pg_ctl" -D "$dir/data" -l "$dir/log" -w -t 60 \
