@@ -1,11 +1,12 @@
 //! publish: flags, NDJSON, idempotency and per-key sequences.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use relaybus::store::{EventLimits, NewEvent, Store, StoreOptions};
 use serde_json::json;
 
-use crate::common::{open_store, runtime, stderr, stdout, TestSchema};
+use crate::common::{connect, open_store, runtime, stderr, stdout, wait_until, TestSchema};
 
 #[test]
 fn publish_from_flags_writes_one_event_and_its_deliveries() {
@@ -433,5 +434,73 @@ fn a_failing_line_is_named_with_what_was_committed_before_it() {
     assert_eq!(
         s.count(&format!("SELECT count(*) FROM {}", s.table("events"))),
         4
+    );
+}
+
+/// A publish inserts events it did not find without ON CONFLICT; one that loses the race to a
+/// concurrent publish of the same id fails on the key and runs again, seeing the other's rows.
+/// The other publish here is a transaction held open until the publish waits on its key.
+#[test]
+fn a_publish_that_races_another_for_an_id_runs_again_and_adds_only_new_handlers() {
+    let s = TestSchema::installed("publish_race");
+    let other = connect();
+    runtime()
+        .block_on(other.batch_execute(&format!(
+            "BEGIN; \
+             INSERT INTO {} (id, type, payload, handlers) VALUES ('e1', 't', '{{\"n\": 1}}', '{{a}}'); \
+             INSERT INTO {} (id, event_id, handler, lane) VALUES ('other', 'e1', 'a', 0)",
+            s.table("events"),
+            s.table("deliveries")
+        )))
+        .unwrap();
+    let store = open_store(&s, StoreOptions::publisher());
+    let limits = EventLimits {
+        max_payload_bytes: 1 << 20,
+    };
+    let event = |id: &str| {
+        let handlers = vec!["a".into(), "b".into()];
+        NewEvent::new(
+            id.into(),
+            "t".into(),
+            None,
+            json!({"n": 1}),
+            Default::default(),
+            handlers,
+            &limits,
+        )
+        .unwrap()
+    };
+    let batch = vec![event("e1"), event("e2")];
+    let publish = runtime().spawn(async move { store.publish(&batch).await });
+    wait_until(
+        "the publish to wait on the other's key",
+        Duration::from_secs(10),
+        || {
+            s.count(
+                "SELECT count(*) FROM pg_stat_activity \
+              WHERE wait_event_type = 'Lock' AND query LIKE '-- Publish:%'",
+            ) == 1
+        },
+    );
+    runtime().block_on(other.batch_execute("COMMIT")).unwrap();
+    let published = runtime().block_on(publish).unwrap().unwrap();
+    let pairs: Vec<_> = published
+        .iter()
+        .map(|d| format!("{} {}", d.event_id, d.handler))
+        .collect();
+    assert_eq!(pairs, ["e1 b", "e2 a", "e2 b"]);
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT id, array_to_string(handlers, ',') FROM {} ORDER BY id",
+            s.table("events")
+        )),
+        ["e1|a,b", "e2|a,b"]
+    );
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT event_id, handler, id = 'other' FROM {} ORDER BY event_id, handler",
+            s.table("deliveries")
+        )),
+        ["e1|a|true", "e1|b|false", "e2|a|false", "e2|b|false"]
     );
 }

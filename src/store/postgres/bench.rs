@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use tokio_postgres::error::SqlState;
+
 use super::conn::db;
 use super::PgStore;
 use crate::store::bench::{Backlog, BenchStore, DeliveryCounts, ServerCounters};
@@ -74,13 +76,21 @@ impl BenchStore for PgStore {
 
     async fn stores(&self) -> Result<Vec<String>> {
         let conn = self.pool.get().await?;
-        Ok(conn
-            .query_once(&self.sql.bench_stores, &[])
-            .await
-            .map_err(db("could not look for relaybus stores"))?
-            .iter()
-            .map(|r| r.get(0))
-            .collect())
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match conn.query_once(&self.sql.bench_stores, &[]).await {
+                // A schema dropped between the listing and its count: look again.
+                Err(e) if attempt < 3 && e.code() == Some(&SqlState::UNDEFINED_TABLE) => continue,
+                rows => {
+                    return Ok(rows
+                        .map_err(db("could not look for relaybus stores"))?
+                        .iter()
+                        .map(|r| r.get(0))
+                        .collect())
+                }
+            }
+        }
     }
 
     async fn preload(&self, backlog: &Backlog, settle: bool) -> Result<()> {

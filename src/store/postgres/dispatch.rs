@@ -203,7 +203,8 @@ mod tests {
         let publish = |id: &str, key: &str| {
             format!(
                 "ARRAY['{id}'], ARRAY['t'], ARRAY[{key}]::text[], ARRAY['{{}}'::jsonb], ARRAY['{{}}'::jsonb], \
-                 ARRAY['{id}'], ARRAY['h1'], ARRAY['d{id}'], ARRAY[5]::int2[]"
+                 ARRAY['{id}'], ARRAY['h1'], ARRAY['d{id}'], ARRAY[5]::int2[], ARRAY[{key}]::text[], \
+                 ARRAY[1], ARRAY[1]"
             )
         };
         let sql = &store.sql;

@@ -3,10 +3,32 @@
 //! transaction (one round trip, no BEGIN or COMMIT). The text never changes, so each connection
 //! parses it once.
 
+use std::collections::HashSet;
+
+use tokio_postgres::error::SqlState;
+
 use super::conn::db;
 use super::PgStore;
 use crate::store::lane::lane_of;
 use crate::store::{NewEvent, PublishedDelivery, Result, StoreError, CONFLICT_WITH_STORED};
+
+/// How often a batch runs again after losing a race with a concurrent publish of one of its ids.
+const RACE_RETRIES: usize = 3;
+
+/// What a concurrent publish of the same ids makes the statement fail with: a unique key (both
+/// inserted the event), a foreign key (the event was purged as it was extended) or a deadlock
+/// (two batches inserting shared ids in different orders). Nothing of the batch was written,
+/// and the next run sees the other publish's rows.
+fn lost_race(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| {
+        [
+            SqlState::UNIQUE_VIOLATION,
+            SqlState::FOREIGN_KEY_VIOLATION,
+            SqlState::T_R_DEADLOCK_DETECTED,
+        ]
+        .contains(c)
+    })
+}
 
 impl PgStore {
     pub(super) async fn publish_impl(&self, events: &[NewEvent]) -> Result<Vec<PublishedDelivery>> {
@@ -15,23 +37,28 @@ impl PgStore {
         }
         let events = NewEvent::unite(events)?;
         let n = events.len();
-        let (mut ids, mut types, mut keys, mut payloads, mut headers) = (
+        let (mut ids, mut types, mut keys, mut payloads, mut headers, mut first, mut last) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
             Vec::with_capacity(n),
             Vec::with_capacity(n),
             Vec::with_capacity(n),
             Vec::with_capacity(n),
             Vec::with_capacity(n),
         );
-        let (mut d_events, mut d_handlers, mut d_ids, mut d_lanes) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut d_events, mut d_handlers, mut d_ids, mut d_lanes, mut d_keys) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for e in &events {
             let lane = lane_of(e.key.as_deref(), &e.id);
+            first.push(d_handlers.len() as i32 + 1);
             for h in &e.handlers {
                 d_events.push(e.id.as_str());
                 d_handlers.push(h.as_str());
                 d_ids.push(uuid::Uuid::now_v7().to_string());
                 d_lanes.push(lane);
+                d_keys.push(e.key.as_deref());
             }
+            last.push(d_handlers.len() as i32);
             ids.push(e.id.as_str());
             types.push(e.event_type.as_str());
             keys.push(e.key.as_deref());
@@ -39,38 +66,65 @@ impl PgStore {
             headers.push(serde_json::Value::Object(e.headers.clone()));
         }
         let mut conn = self.pool.get().await?;
-        let rows = conn
-            .query(
-                &self.sql.publish,
-                &[
-                    &ids,
-                    &types,
-                    &keys,
-                    &payloads,
-                    &headers,
-                    &d_events,
-                    &d_handlers,
-                    &d_ids,
-                    &d_lanes,
-                ],
-            )
-            .await
-            .map_err(db("could not publish the batch; nothing of it was written"))?;
-        if let Some(id) = rows.iter().find_map(|r| r.get::<_, Option<String>>(3)) {
+        let mut attempt = 0;
+        let row = loop {
+            attempt += 1;
+            let result = conn
+                .query(
+                    &self.sql.publish,
+                    &[
+                        &ids,
+                        &types,
+                        &keys,
+                        &payloads,
+                        &headers,
+                        &d_events,
+                        &d_handlers,
+                        &d_ids,
+                        &d_lanes,
+                        &d_keys,
+                        &first,
+                        &last,
+                    ],
+                )
+                .await;
+            match result {
+                Err(e) if attempt <= RACE_RETRIES && lost_race(&e) => continue,
+                result => {
+                    break result
+                        .map_err(db("could not publish the batch; nothing of it was written"))?
+                        .remove(0)
+                }
+            }
+        };
+        drop(conn);
+        if let Some(id) = row
+            .get::<_, Option<Vec<String>>>(2)
+            .and_then(|c| c.into_iter().next())
+        {
             return Err(StoreError::ConflictingEvent {
                 id,
                 why: CONFLICT_WITH_STORED,
             });
         }
-        let published: Vec<PublishedDelivery> = rows
-            .iter()
-            .map(|r| PublishedDelivery {
-                event_id: r.get(0),
-                handler: r.get(1),
-                delivery_id: r.get(2),
+        let republished: HashSet<String> = row
+            .get::<_, Option<Vec<_>>>(0)
+            .into_iter()
+            .flatten()
+            .collect();
+        let added: HashSet<String> = row
+            .get::<_, Option<Vec<_>>>(1)
+            .into_iter()
+            .flatten()
+            .collect();
+        let published: Vec<PublishedDelivery> = (0..d_ids.len())
+            .filter(|&i| !republished.contains(d_events[i]) || added.contains(&d_ids[i]))
+            .map(|i| PublishedDelivery {
+                event_id: d_events[i].to_owned(),
+                handler: d_handlers[i].to_owned(),
+                delivery_id: d_ids[i].clone(),
             })
             .collect();
-        drop(conn);
         if !published.is_empty() {
             self.notifier.published();
         }
