@@ -144,7 +144,7 @@ fn the_happy_path_writes_no_delivery_row_and_hot_lane_updates() {
     let db = TestDatabase::new("hot");
     let s = TestSchema::in_database("run_counters", &db.url);
     s.cmd().arg("setup").assert().success();
-    let lines: Vec<String> = (0..200)
+    let lines: Vec<String> = (0..2000)
         .map(|i| {
             event(
                 &format!("e{i}"),
@@ -164,35 +164,31 @@ fn the_happy_path_writes_no_delivery_row_and_hot_lane_updates() {
             "true",
             "--drain",
             "--concurrency",
-            "20",
+            "50",
             "--batch-size",
-            "20",
+            "50",
         ])
         .timeout(Duration::from_secs(60))
         .assert()
         .success()
-        .stdout("handled 200, failed attempts 0, dead 0, lease lost 0, released 0\n");
+        .stdout("handled 2000, failed attempts 0, dead 0, lease lost 0, released 0\n");
     let mut deliveries = (0, 0, 0, 0);
     wait_until(
         "the server's table statistics",
         Duration::from_secs(10),
         || {
             deliveries = table_stats(&s, "deliveries");
-            deliveries.3 == 200
+            deliveries.3 == 2000
         },
     );
-    assert_eq!(deliveries, (200, 0, 0, 200));
+    assert_eq!(deliveries, (2000, 0, 0, 2000));
     let (_, upd, hot, del) = table_stats(&s, "lanes");
     assert!(upd > 0);
     assert_eq!(del, 0);
-    // Every lane update is eligible for HOT (no indexed column changes), so a structural break
-    // (an index on a lane column) shows as no HOT update at all. Whether each new version fits
-    // its page depends on pruning, which needs a cleanup lock that the worker's own concurrent
-    // statements can hold; under the whole suite's load on two cores, 247 to 254 of 259 were HOT.
-    assert!(
-        upd - hot <= upd / 10,
-        "{hot} of {upd} lane updates were HOT"
-    );
+    // Every lane update is eligible for HOT (no indexed column changes); each one is HOT when
+    // its new version finds room on the lane's page, which the install makes sure of by putting
+    // two lanes on a page. With 60 lanes to a page, 2-3% of these updates moved a row instead.
+    assert_eq!(hot, upd, "{hot} of {upd} lane updates were HOT");
 }
 
 /// Zero retry delay makes every failure race the next claim of its lane: a claim whose snapshot

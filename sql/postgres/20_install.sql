@@ -73,9 +73,15 @@ CREATE TABLE IF NOT EXISTS "{{schema}}"."{{prefix}}lanes" (
   lease_expires_at timestamptz,
   in_flight text[] NOT NULL DEFAULT '{}'
 ) WITH (fillfactor = 50);
-INSERT INTO "{{schema}}"."{{prefix}}lanes" (lane)
-  SELECT g FROM generate_series(0, 255) AS g
+-- Two lane rows per page: a row is inserted with a 1,900-byte owner, so that half a page (the
+-- fill factor) takes two, and the owner is cleared at once. A lane row stays inline up to about
+-- 2 kB (the TOAST threshold), so each lane finds room for its next version on its own page
+-- however long its in-flight list grows; 60 small rows to a page ran out of room and moved rows
+-- to other pages, updates that are not HOT.
+INSERT INTO "{{schema}}"."{{prefix}}lanes" (lane, lease_owner)
+  SELECT g, repeat('-', 1900) FROM generate_series(0, 255) AS g
   ON CONFLICT (lane) DO NOTHING;
+UPDATE "{{schema}}"."{{prefix}}lanes" SET lease_owner = NULL WHERE lease_owner = repeat('-', 1900);
 
 -- Per-key sequence counters. The publishing statement locks a key's row until commit, which is
 -- what makes per-key order the commit order.
