@@ -369,19 +369,11 @@ fn requeue_selects_only_dead_deliveries_and_asks_first() {
         .stdout("no dead deliveries match; nothing requeued\n");
 }
 
-/// Asked on a terminal (a pty from `script`), a requeue shows some of the deliveries it selects
-/// before the question; answering no changes nothing and exits 0.
-#[test]
-fn a_requeue_asked_on_a_terminal_shows_a_sample_and_no_changes_nothing() {
-    let s = TestSchema::installed("admin_requeue_tty");
-    s.publish(&[
-        json!({"id": "e1", "type": "order.paid", "handlers": ["billing", "crm"]}),
-        json!({"id": "e2", "type": "user.new", "handlers": ["billing"]}),
-    ]);
-    bury(&s, "billing", "HTTP 503 from billing");
-    bury(&s, "crm", "crm rejected");
+/// Runs a command of `s` on a terminal (a pty from `script`, 200 columns wide), answers its
+/// question with "n", and returns what the terminal showed; the command must exit 0.
+fn answer_no_on_a_terminal(s: &TestSchema, args: &str) -> String {
     let command = format!(
-        "stty cols 200; '{}' --database-url '{}' --schema {} dead requeue --error-contains 503",
+        "stty cols 200; '{}' --database-url '{}' --schema {} {args}",
         assert_cmd::cargo::cargo_bin("relaybus").display(),
         crate::common::database_url(),
         s.name
@@ -396,7 +388,21 @@ fn a_requeue_asked_on_a_terminal_shows_a_sample_and_no_changes_nothing() {
     std::io::Write::write_all(script.stdin.as_mut().unwrap(), b"n").unwrap();
     let out = crate::common::finish(script, Duration::from_secs(30));
     assert_eq!(out.status.code(), Some(0));
-    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    String::from_utf8_lossy(&out.stdout).replace('\r', "")
+}
+
+/// Asked on a terminal (a pty from `script`), a requeue shows some of the deliveries it selects
+/// before the question; answering no changes nothing and exits 0.
+#[test]
+fn a_requeue_asked_on_a_terminal_shows_a_sample_and_no_changes_nothing() {
+    let s = TestSchema::installed("admin_requeue_tty");
+    s.publish(&[
+        json!({"id": "e1", "type": "order.paid", "handlers": ["billing", "crm"]}),
+        json!({"id": "e2", "type": "user.new", "handlers": ["billing"]}),
+    ]);
+    bury(&s, "billing", "HTTP 503 from billing");
+    bury(&s, "crm", "crm rejected");
+    let text = answer_no_on_a_terminal(&s, "dead requeue --error-contains 503");
     let sample: Vec<&str> = text
         .lines()
         // The key typed ahead is echoed first.
@@ -601,5 +607,49 @@ fn completed_rows_kept_from_0_1_are_listed_counted_and_purged() {
             s.table("deliveries")
         )),
         0
+    );
+}
+
+/// Asked on a terminal, a purge of dead letters shows some of those it would delete (only the
+/// old enough ones) before the question; answering no deletes nothing.
+#[test]
+fn a_purge_asked_on_a_terminal_shows_a_sample_of_the_old_dead_and_no_deletes_nothing() {
+    let s = TestSchema::installed("admin_purge_tty");
+    s.publish(&[
+        json!({"id": "old-1", "type": "t", "handlers": ["dies"]}),
+        json!({"id": "old-2", "type": "t", "handlers": ["dies"]}),
+        json!({"id": "recent", "type": "t", "handlers": ["dies"]}),
+    ]);
+    bury(&s, "dies", "gone for good");
+    s.exec(&format!(
+        "UPDATE {} SET updated_at = now() - interval '40 days' WHERE event_id LIKE 'old-%'",
+        s.table("deliveries")
+    ));
+    let text = answer_no_on_a_terminal(&s, "purge --dead-older-than 30d");
+    let sample: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.ends_with("for instance:"))
+        .take_while(|l| !l.contains("Delete"))
+        .collect();
+    assert_eq!(sample.len(), 4, "{text}");
+    assert!(sample[1].starts_with("ID "), "{text}");
+    assert!(
+        sample[2].contains("old-1") && sample[3].contains("old-2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Delete 2 dead deliveries, 0 completed deliveries, 0 completion history entries, 0 events?"),
+        "{text}"
+    );
+    assert!(
+        text.ends_with("not confirmed; nothing was changed\n"),
+        "{text}"
+    );
+    assert_eq!(
+        s.count(&format!(
+            "SELECT count(*) FROM {} WHERE status = 'dead'",
+            s.table("deliveries")
+        )),
+        3
     );
 }

@@ -7,7 +7,7 @@ use anyhow::Result;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use super::deliveries::{print_deliveries, Listing, Page};
+use super::deliveries::{print_deliveries, show_sample, Listing, Page};
 use super::output::{confirm, declined};
 use super::{GlobalArgs, Output};
 use crate::store::{DeliveryFilter, DeliveryStatus, RequeueSelector, Store, StoreOptions};
@@ -73,46 +73,6 @@ pub struct RequeueArgs {
     pub yes: bool,
 }
 
-/// How many of the selected deliveries a confirmation shows.
-const SAMPLE: usize = 5;
-
-/// A few of the deliveries a requeue would select, so the person asked sees what they are
-/// agreeing to. The listing filters by handler and type; ids and error text are matched here,
-/// over the first page of dead deliveries.
-async fn show_sample(store: &impl Store, out: &Output, s: &RequeueSelector) -> Result<()> {
-    let rows = store
-        .list_deliveries(&DeliveryFilter {
-            status: Some(DeliveryStatus::Dead),
-            handler: s.handler.clone(),
-            event_type: s.event_type.clone(),
-            limit: 1000,
-            ..Default::default()
-        })
-        .await?;
-    let sample: Vec<_> = rows
-        .into_iter()
-        .filter(|d| s.ids.is_empty() || d.id.as_ref().is_some_and(|id| s.ids.contains(id)))
-        .filter(|d| {
-            s.error_contains.as_ref().is_none_or(|text| {
-                d.last_error
-                    .as_deref()
-                    .is_some_and(|error| error.contains(text.as_str()))
-            })
-        })
-        .take(SAMPLE)
-        .collect();
-    if sample.is_empty() {
-        return Ok(());
-    }
-    eprintln!("for instance:");
-    let how = Listing {
-        empty: "",
-        dead: true,
-        page: None,
-    };
-    print_deliveries(out, sample, &how)
-}
-
 pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeadArgs) -> Result<ExitCode> {
     let store = g.open(StoreOptions::admin())?;
     store.require_current().await?;
@@ -158,7 +118,21 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeadArgs) -> Result<
                 return Ok(ExitCode::SUCCESS);
             }
             if !a.yes && out.terminal() && std::io::stdin().is_terminal() {
-                show_sample(&store, out, &selector).await?;
+                let ids = &selector.ids;
+                let text = selector.error_contains.as_deref();
+                let filter = DeliveryFilter {
+                    status: Some(DeliveryStatus::Dead),
+                    handler: selector.handler.clone(),
+                    event_type: selector.event_type.clone(),
+                    ..Default::default()
+                };
+                show_sample(&store, out, filter, |d| {
+                    (ids.is_empty() || d.id.as_ref().is_some_and(|id| ids.contains(id)))
+                        && text.is_none_or(|text| {
+                            d.last_error.as_deref().is_some_and(|e| e.contains(text))
+                        })
+                })
+                .await?;
             }
             if !confirm(&format!("Requeue {matched} dead deliveries?"), a.yes)? {
                 return declined();

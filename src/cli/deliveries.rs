@@ -118,6 +118,38 @@ pub(crate) struct Listing<'a> {
 
 /// Prints a listing. With a page, the rows were fetched one beyond its limit: that one tells
 /// whether there is a next page, and is not shown.
+/// How many deliveries a confirmation shows.
+const SAMPLE: usize = 5;
+
+/// A few of the deliveries a change would touch, printed before its question so that the person
+/// asked sees what they agree to: those of the first 1,000 that `filter` lists and `keep`
+/// accepts (what the listing cannot filter by, such as error text or age).
+pub(crate) async fn show_sample(
+    store: &impl Store,
+    out: &Output,
+    filter: DeliveryFilter,
+    keep: impl Fn(&DeliveryRow) -> bool,
+) -> Result<()> {
+    let dead = filter.status == Some(DeliveryStatus::Dead);
+    let rows = store
+        .list_deliveries(&DeliveryFilter {
+            limit: 1000,
+            ..filter
+        })
+        .await?;
+    let sample: Vec<_> = rows.into_iter().filter(|d| keep(d)).take(SAMPLE).collect();
+    if sample.is_empty() {
+        return Ok(());
+    }
+    eprintln!("for instance:");
+    let how = Listing {
+        empty: "",
+        dead,
+        page: None,
+    };
+    print_deliveries(out, sample, &how)
+}
+
 pub(crate) fn print_deliveries(
     out: &Output,
     mut rows: Vec<DeliveryRow>,

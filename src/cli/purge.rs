@@ -1,5 +1,6 @@
 //! `relaybus purge`: retention for dead letters, completed rows and orphan events.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -7,9 +8,12 @@ use anyhow::Result;
 use clap::Args;
 use serde_json::json;
 
+use super::deliveries::show_sample;
 use super::output::{confirm, declined};
 use super::{within, GlobalArgs, Output};
-use crate::store::{purge, PurgeCounts, PurgeOptions, Store, StoreOptions};
+use crate::store::{
+    purge, DeliveryFilter, DeliveryStatus, PurgeCounts, PurgeOptions, Store, StoreOptions,
+};
 
 /// Delete what retention allows, in bounded batches.
 ///
@@ -79,6 +83,19 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: PurgeArgs) -> Result
             out.line("nothing to purge")?;
         }
         return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(age) = args.dead_older_than.filter(|_| {
+        planned.dead > 0 && !args.yes && out.terminal() && std::io::stdin().is_terminal()
+    }) {
+        let before = chrono::Utc::now() - chrono::Duration::from_std(age)?;
+        let filter = DeliveryFilter {
+            status: Some(DeliveryStatus::Dead),
+            ..Default::default()
+        };
+        show_sample(&store, out, filter, |d| {
+            d.updated_at.is_some_and(|t| t < before)
+        })
+        .await?;
     }
     if !confirm(&format!("Delete {}?", describe(&planned)), args.yes)? {
         return declined();
