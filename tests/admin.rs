@@ -391,6 +391,32 @@ fn answer_no_on_a_terminal(s: &TestSchema, args: &str) -> String {
     String::from_utf8_lossy(&out.stdout).replace('\r', "")
 }
 
+/// The two rows of deliveries a confirmation showed after "for instance:" and the table's
+/// header, asserting that the question followed and that answering no changed nothing.
+fn sample_before<'a>(text: &'a str, question: &str) -> Vec<&'a str> {
+    let shown: Vec<&str> = text
+        .lines()
+        // The key typed ahead is echoed first.
+        .skip_while(|l| !l.ends_with("for instance:"))
+        .take_while(|l| !l.contains(question))
+        .collect();
+    assert_eq!(shown.len(), 4, "{text}");
+    assert!(shown[1].starts_with("ID "), "{text}");
+    assert!(text.contains(question), "{text}");
+    assert!(
+        text.ends_with("not confirmed; nothing was changed\n"),
+        "{text}"
+    );
+    shown[2..].to_vec()
+}
+
+fn dead(s: &TestSchema) -> i64 {
+    s.count(&format!(
+        "SELECT count(*) FROM {} WHERE status = 'dead'",
+        s.table("deliveries")
+    ))
+}
+
 /// Asked on a terminal (a pty from `script`), a requeue shows some of the deliveries it selects
 /// before the question; answering no changes nothing and exits 0.
 #[test]
@@ -403,32 +429,14 @@ fn a_requeue_asked_on_a_terminal_shows_a_sample_and_no_changes_nothing() {
     bury(&s, "billing", "HTTP 503 from billing");
     bury(&s, "crm", "crm rejected");
     let text = answer_no_on_a_terminal(&s, "dead requeue --error-contains 503");
-    let sample: Vec<&str> = text
-        .lines()
-        // The key typed ahead is echoed first.
-        .skip_while(|l| !l.ends_with("for instance:"))
-        .take_while(|l| !l.contains("Requeue"))
-        .collect();
-    assert_eq!(sample.len(), 4, "{text}");
-    assert!(sample[1].starts_with("ID "), "{text}");
+    let sample = sample_before(&text, "Requeue 2 dead deliveries?");
     assert!(
-        sample[2..]
+        sample
             .iter()
             .all(|l| l.contains("billing") && l.contains("exit 65: HTTP 503")),
         "{text}"
     );
-    assert!(text.contains("Requeue 2 dead deliveries?"), "{text}");
-    assert!(
-        text.ends_with("not confirmed; nothing was changed\n"),
-        "{text}"
-    );
-    assert_eq!(
-        s.count(&format!(
-            "SELECT count(*) FROM {} WHERE status = 'dead'",
-            s.table("deliveries")
-        )),
-        3
-    );
+    assert_eq!(dead(&s), 3);
 }
 
 #[test]
@@ -626,30 +634,13 @@ fn a_purge_asked_on_a_terminal_shows_a_sample_of_the_old_dead_and_no_deletes_not
         s.table("deliveries")
     ));
     let text = answer_no_on_a_terminal(&s, "purge --dead-older-than 30d");
-    let sample: Vec<&str> = text
-        .lines()
-        .skip_while(|l| !l.ends_with("for instance:"))
-        .take_while(|l| !l.contains("Delete"))
-        .collect();
-    assert_eq!(sample.len(), 4, "{text}");
-    assert!(sample[1].starts_with("ID "), "{text}");
-    assert!(
-        sample[2].contains("old-1") && sample[3].contains("old-2"),
-        "{text}"
+    let sample = sample_before(
+        &text,
+        "Delete 2 dead deliveries, 0 completed deliveries, 0 completion history entries, 0 events?",
     );
     assert!(
-        text.contains("Delete 2 dead deliveries, 0 completed deliveries, 0 completion history entries, 0 events?"),
+        sample[0].contains("old-1") && sample[1].contains("old-2"),
         "{text}"
     );
-    assert!(
-        text.ends_with("not confirmed; nothing was changed\n"),
-        "{text}"
-    );
-    assert_eq!(
-        s.count(&format!(
-            "SELECT count(*) FROM {} WHERE status = 'dead'",
-            s.table("deliveries")
-        )),
-        3
-    );
+    assert_eq!(dead(&s), 3);
 }

@@ -107,22 +107,21 @@ impl PgStore {
                 why: CONFLICT_WITH_STORED,
             });
         }
-        let republished: HashSet<String> = row
-            .get::<_, Option<Vec<_>>>(0)
+        let ids_in = |column| -> HashSet<String> {
+            row.get::<_, Option<Vec<_>>>(column)
+                .into_iter()
+                .flatten()
+                .collect()
+        };
+        let (republished, added) = (ids_in(0), ids_in(1));
+        let published: Vec<PublishedDelivery> = d_ids
             .into_iter()
-            .flatten()
-            .collect();
-        let added: HashSet<String> = row
-            .get::<_, Option<Vec<_>>>(1)
-            .into_iter()
-            .flatten()
-            .collect();
-        let published: Vec<PublishedDelivery> = (0..d_ids.len())
-            .filter(|&i| !republished.contains(d_events[i]) || added.contains(&d_ids[i]))
-            .map(|i| PublishedDelivery {
+            .enumerate()
+            .filter(|(i, id)| !republished.contains(d_events[*i]) || added.contains(id))
+            .map(|(i, delivery_id)| PublishedDelivery {
                 event_id: d_events[i].to_owned(),
                 handler: d_handlers[i].to_owned(),
-                delivery_id: d_ids[i].clone(),
+                delivery_id,
             })
             .collect();
         if !published.is_empty() {
