@@ -540,6 +540,16 @@ fn index_names(m: &TestMongo) -> Vec<String> {
     names
 }
 
+/// The conversion reports its progress a batch at a time: each step from 0, ending at the
+/// documents it rewrote.
+#[test]
+fn upgrade_reports_the_documents_each_step_has_rewritten() {
+    let m = TestMongo::with_fixture_0_1("mongo_upgrade_progress");
+    let reports = crate::common::upgrade_reports(&m.store(StoreOptions::admin()));
+    assert_eq!(reports, [(1, vec![0, 8]), (2, vec![0, 6]), (3, vec![0])]);
+    assert_converted(&m);
+}
+
 #[test]
 fn upgrade_converts_the_0_1_fixture_and_a_second_run_changes_nothing() {
     let m = TestMongo::with_fixture_0_1("mongo_upgrade");

@@ -336,6 +336,55 @@ fn the_0_1_fixture_loads_with_psql_as_it_is() {
     assert_converted(&s);
 }
 
+/// The conversion reports its progress as it rewrites: each step from 0, the two that rewrite
+/// rows a range of pages at a time, ending at the rows they rewrote.
+#[test]
+fn upgrade_reports_the_rows_each_step_has_rewritten_as_it_goes() {
+    let s = TestSchema::with_fixture_0_1("upgrade_progress");
+    s.exec(&format!(
+        "INSERT INTO {events} (id, type, payload) \
+           SELECT 'g' || g, 't', jsonb_build_object('pad', repeat('x', 100)) \
+             FROM generate_series(1, 30000) g; \
+         INSERT INTO {deliveries} (id, event_id, handler) \
+           SELECT 'gd' || g, 'g' || g, 'h' FROM generate_series(1, 30000) g",
+        events = s.table("events"),
+        deliveries = s.table("deliveries"),
+    ));
+    let store = relaybus::store::open(
+        Some(&crate::common::database_url()),
+        s.namespace(),
+        relaybus::store::StoreOptions::admin(),
+    )
+    .unwrap();
+    let reports = crate::common::upgrade_reports(&store);
+    let steps: Vec<usize> = reports.iter().map(|(step, _)| *step).collect();
+    assert_eq!(steps, [1, 2, 3, 4, 5], "{reports:?}");
+    for (step, rows) in &reports {
+        assert_eq!(rows[0], 0, "{reports:?}");
+        assert!(rows.windows(2).all(|w| w[0] < w[1]), "{reports:?}");
+        let (rewritten, at_least) = match step {
+            2 => (30_006, 3),
+            3 => (30_008, 3),
+            _ => (0, 1),
+        };
+        assert_eq!(*rows.last().unwrap(), rewritten, "step {step}: {reports:?}");
+        assert!(rows.len() >= at_least, "step {step}: {reports:?}");
+    }
+    assert_eq!(
+        s.count(&format!(
+            "SELECT count(*) FROM {} WHERE id LIKE 'g%' AND handlers = '{{h}}'",
+            s.table("events")
+        )),
+        30_000
+    );
+    s.exec(&format!(
+        "DELETE FROM {} WHERE id LIKE 'g%'; DELETE FROM {} WHERE id LIKE 'g%'",
+        s.table("deliveries"),
+        s.table("events")
+    ));
+    assert_converted(&s);
+}
+
 /// The conversion finds 0.1 indexes by what they are, not by what they are called: renamed ones
 /// go, and a 0.1 dead-letter index under the 0.2 name is replaced by the 0.2 one.
 #[test]

@@ -6,16 +6,36 @@
 -- step events-handlers: fill events.handlers from every delivery, completed ones included, so
 -- nothing completed under 0.1 runs again
 DO $step$
+DECLARE
+  pages bigint := pg_relation_size('"{{schema}}"."{{prefix}}events"')
+                  / current_setting('block_size')::int;
+  -- Block ranges at a time, for progress; before PostgreSQL 14 a ctid range reads the whole
+  -- table, so there it is one range.
+  chunk bigint := CASE WHEN current_setting('server_version_num')::int >= 140000 THEN 256
+                       ELSE pages + 1 END;
+  first bigint := 0;
+  n bigint;
+  done bigint := 0;
 BEGIN
   IF EXISTS (SELECT 1 FROM pg_attribute
              WHERE attrelid = to_regclass('"{{schema}}"."{{prefix}}deliveries"')
                AND attname = 'lease_token' AND NOT attisdropped) THEN
     ALTER TABLE "{{schema}}"."{{prefix}}events"
-      ADD COLUMN IF NOT EXISTS handlers text[] NOT NULL DEFAULT '{}';
-    UPDATE "{{schema}}"."{{prefix}}events" AS e SET handlers = d.handlers
-      FROM (SELECT event_id, array_agg(DISTINCT handler ORDER BY handler) AS handlers
-              FROM "{{schema}}"."{{prefix}}deliveries" GROUP BY event_id) AS d
-     WHERE d.event_id = e.id;
+      ADD COLUMN IF NOT EXISTS handlers text[];
+    WHILE first < pages LOOP
+      UPDATE "{{schema}}"."{{prefix}}events" AS e
+         SET handlers = ARRAY(SELECT DISTINCT d.handler FROM "{{schema}}"."{{prefix}}deliveries" AS d
+                               WHERE d.event_id = e.id ORDER BY d.handler)
+       WHERE e.ctid >= format('(%s,0)', first)::tid AND e.ctid < format('(%s,0)', first + chunk)::tid
+         AND e.handlers IS NULL;
+      GET DIAGNOSTICS n = ROW_COUNT;
+      done := done + n;
+      first := first + chunk;
+      RAISE DEBUG 'relaybus progress: %', done;
+    END LOOP;
+    ALTER TABLE "{{schema}}"."{{prefix}}events"
+      ALTER COLUMN handlers SET DEFAULT '{}',
+      ALTER COLUMN handlers SET NOT NULL;
   END IF;
 END
 $step$;
@@ -23,6 +43,16 @@ $step$;
 -- step deliveries-lanes: fill each delivery's lane with the publish-time hash and turn
 -- processing deliveries into pending with their attempts kept (one rewrite of every row)
 DO $step$
+DECLARE
+  pages bigint := pg_relation_size('"{{schema}}"."{{prefix}}deliveries"')
+                  / current_setting('block_size')::int;
+  -- Block ranges at a time, for progress; before PostgreSQL 14 a ctid range reads the whole
+  -- table, so there it is one range.
+  chunk bigint := CASE WHEN current_setting('server_version_num')::int >= 140000 THEN 256
+                       ELSE pages + 1 END;
+  first bigint := 0;
+  n bigint;
+  done bigint := 0;
 BEGIN
   IF EXISTS (SELECT 1 FROM pg_attribute
              WHERE attrelid = to_regclass('"{{schema}}"."{{prefix}}deliveries"')
@@ -30,9 +60,17 @@ BEGIN
     ALTER TABLE "{{schema}}"."{{prefix}}deliveries"
       ADD COLUMN IF NOT EXISTS lane smallint,
       ADD COLUMN IF NOT EXISTS claims int NOT NULL DEFAULT 0;
-    UPDATE "{{schema}}"."{{prefix}}deliveries"
-       SET lane = "{{schema}}"."{{prefix}}lane_of"(coalesce(key, event_id)),
-           status = CASE status WHEN 'processing' THEN 'pending' ELSE status END;
+    WHILE first < pages LOOP
+      UPDATE "{{schema}}"."{{prefix}}deliveries"
+         SET lane = "{{schema}}"."{{prefix}}lane_of"(coalesce(key, event_id)),
+             status = CASE status WHEN 'processing' THEN 'pending' ELSE status END
+       WHERE ctid >= format('(%s,0)', first)::tid AND ctid < format('(%s,0)', first + chunk)::tid
+         AND lane IS NULL;
+      GET DIAGNOSTICS n = ROW_COUNT;
+      done := done + n;
+      first := first + chunk;
+      RAISE DEBUG 'relaybus progress: %', done;
+    END LOOP;
     ALTER TABLE "{{schema}}"."{{prefix}}deliveries"
       ALTER COLUMN lane SET NOT NULL,
       DROP CONSTRAINT IF EXISTS "{{prefix}}deliveries_status_check",

@@ -11,7 +11,7 @@ use super::output::{confirm, declined};
 use super::{GlobalArgs, Output};
 use crate::store::{
     schema_script, Engine, Namespace, SchemaStatus, Script, Store, StoreOptions, UpgradeCounts,
-    UpgradePlan, UpgradeStep,
+    UpgradePlan, UpgradeProgress,
 };
 
 /// Convert a 0.1 store to 0.2 in place.
@@ -163,10 +163,22 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Resu
         return declined();
     }
     let started = Instant::now();
-    let bar = out.progress(Some(plan.steps.len() as u64), "steps");
-    let progress = |step: &UpgradeStep, i: usize, _: usize| {
-        bar.set_position(i as u64 - 1);
-        bar.set_message(step.name.clone());
+    // One bar over the rows the steps rewrite; a step that rewrites none shows its name.
+    let rows: Vec<u64> = plan
+        .steps
+        .iter()
+        .map(|s| s.rows.map_or(0, |n| n.max(0) as u64))
+        .collect();
+    let bar = out.progress(Some(rows.iter().sum()), "rows");
+    let progress = |at: UpgradeProgress| {
+        let done: u64 = rows[..at.step - 1].iter().sum();
+        bar.set_position(done + at.rows.min(rows[at.step - 1]));
+        bar.set_message(format!(
+            "step {}/{} {}",
+            at.step,
+            rows.len(),
+            plan.steps[at.step - 1].name
+        ));
     };
     let outcome = store.upgrade(args.force, &progress).await;
     bar.finish_and_clear();

@@ -158,7 +158,7 @@ impl Store for AnyStore {
     async fn upgrade(
         &self,
         force: bool,
-        progress: &(dyn Fn(&UpgradeStep, usize, usize) + Sync),
+        progress: &(dyn Fn(UpgradeProgress) + Sync),
     ) -> Result<SetupOutcome> {
         on_engine!(self, s => s.upgrade(force, progress).await)
     }

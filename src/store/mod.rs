@@ -26,7 +26,8 @@ pub use ident::Namespace;
 pub use options::StoreOptions;
 pub use retention::purge;
 pub use status::{
-    LiveLeases, SchemaStatus, SetupOutcome, UpgradeCounts, UpgradePlan, UpgradeStep, SCHEMA_VERSION,
+    LiveLeases, SchemaStatus, SetupOutcome, UpgradeCounts, UpgradePlan, UpgradeProgress,
+    UpgradeStep, SCHEMA_VERSION,
 };
 pub use types::*;
 pub use wake::{WakeUp, WakeUps};
@@ -63,7 +64,7 @@ pub trait Store: Send + Sync + 'static {
     fn upgrade(
         &self,
         force: bool,
-        progress: &(dyn Fn(&UpgradeStep, usize, usize) + Sync),
+        progress: &(dyn Fn(UpgradeProgress) + Sync),
     ) -> impl Future<Output = Result<SetupOutcome>> + Send;
 
     /// Publishes one batch atomically; returns the deliveries that were new.

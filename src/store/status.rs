@@ -113,6 +113,14 @@ pub struct UpgradeStep {
     pub rows: Option<i64>,
 }
 
+/// How far a running conversion has come: step `step` (counted from 1, as in the plan) has
+/// rewritten `rows` of its rows so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UpgradeProgress {
+    pub step: usize,
+    pub rows: u64,
+}
+
 /// What `upgrade` would do, read without writing anything.
 #[derive(Clone, Debug, Serialize)]
 pub struct UpgradePlan {

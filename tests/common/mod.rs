@@ -334,3 +334,20 @@ pub fn wait_in_flight(s: &TestSchema, n: i64) {
         || s.count(&sql) == n,
     );
 }
+
+/// Upgrades `store` through the library and returns what it reported, a step at a time: each
+/// step's number and the rows it had rewritten at every report, in order.
+pub fn upgrade_reports(store: &relaybus::store::AnyStore) -> Vec<(usize, Vec<u64>)> {
+    use relaybus::store::Store;
+    let reports = std::sync::Mutex::new(Vec::<(usize, Vec<u64>)>::new());
+    runtime()
+        .block_on(store.upgrade(false, &|at| {
+            let mut reports = reports.lock().unwrap();
+            match reports.last_mut() {
+                Some((step, rows)) if *step == at.step => rows.push(at.rows),
+                _ => reports.push((at.step, vec![at.rows])),
+            }
+        }))
+        .unwrap();
+    reports.into_inner().unwrap()
+}

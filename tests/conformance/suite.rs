@@ -132,7 +132,7 @@ pub(crate) async fn setup_installs_once_and_reports_what_it_found<S: Store>(s: &
     assert!(plan.steps.is_empty());
     assert_eq!(plan.live_leases, LiveLeases::default());
     let upgraded = s
-        .upgrade(false, &|_, _, _| panic!("no step runs on a current store"))
+        .upgrade(false, &|_| panic!("no step runs on a current store"))
         .await
         .unwrap();
     assert_eq!(

@@ -89,7 +89,7 @@ impl Store for MongoStore {
     async fn upgrade(
         &self,
         force: bool,
-        progress: &(dyn Fn(&UpgradeStep, usize, usize) + Sync),
+        progress: &(dyn Fn(UpgradeProgress) + Sync),
     ) -> Result<SetupOutcome> {
         self.upgrade_impl(force, progress).await
     }

@@ -18,7 +18,7 @@ use super::{MongoStore, COMPLETIONS, DELIVERIES, EVENTS, KEY_SEQUENCES, LANES, R
 use crate::store::lane::lane_of;
 use crate::store::{
     LiveLeases, Namespace, Result, SchemaStatus, Script, SetupOutcome, StoreError, UpgradeCounts,
-    UpgradePlan, UpgradeStep, SCHEMA_VERSION,
+    UpgradePlan, UpgradeProgress, UpgradeStep, SCHEMA_VERSION,
 };
 
 /// Documents per batch of the conversion.
@@ -431,7 +431,7 @@ impl MongoStore {
                 }
                 SchemaStatus::V01 => {
                     self.refuse(force).await?;
-                    self.convert(&|_, _, _| {}).await?;
+                    self.convert(&|_| {}).await?;
                 }
                 _ => {
                     self.refuse(force).await?;
@@ -611,7 +611,7 @@ impl MongoStore {
     pub(super) async fn upgrade_impl(
         &self,
         force: bool,
-        progress: &(dyn Fn(&UpgradeStep, usize, usize) + Sync),
+        progress: &(dyn Fn(UpgradeProgress) + Sync),
     ) -> Result<SetupOutcome> {
         if self.detect().await? == SchemaStatus::V01 {
             self.refuse(force).await?;
@@ -638,28 +638,29 @@ impl MongoStore {
     }
 
     /// The conversion, step by step; each step converts what is left of it.
-    async fn convert(&self, progress: &(dyn Fn(&UpgradeStep, usize, usize) + Sync)) -> Result<()> {
+    async fn convert(&self, progress: &(dyn Fn(UpgradeProgress) + Sync)) -> Result<()> {
         let steps = self.steps().await?;
-        let total = steps.len();
-        let mut steps = steps.iter().enumerate().map(|(i, s)| (i + 1, s));
-        let mut next = |run: &str| {
-            let (i, s) = steps.next().expect("three steps");
-            debug_assert_eq!(s.name, run);
-            progress(s, i, total);
+        let step = |name: &str| {
+            let number = 1 + steps
+                .iter()
+                .position(|s| s.name == name)
+                .expect("a planned step");
+            move |rows| progress(UpgradeProgress { step: number, rows })
         };
-        next(STEP_DELIVERIES);
-        self.convert_deliveries().await?;
-        next(STEP_EVENTS);
-        self.convert_events().await?;
-        next(STEP_INSTALL);
+        self.convert_deliveries(&step(STEP_DELIVERIES)).await?;
+        self.convert_events(&step(STEP_EVENTS)).await?;
+        step(STEP_INSTALL)(0);
         self.install().await
     }
 
-    async fn convert_deliveries(&self) -> Result<()> {
+    /// Converts the deliveries a batch at a time, reporting the rows done after each.
+    async fn convert_deliveries(&self, progress: &(dyn Fn(u64) + Sync)) -> Result<()> {
         let deliveries = self.coll(DELIVERIES).await?;
         let failed = self
             .conn
             .error(format!("the upgrade step `{STEP_DELIVERIES}` failed"));
+        let mut done = 0;
+        progress(done);
         loop {
             let batch = all(deliveries
                 .find(doc! { "laneId": { "$exists": false } })
@@ -698,15 +699,19 @@ impl MongoStore {
                 .run_command(doc! { "update": self.name(DELIVERIES), "updates": updates })
                 .await
                 .map_err(&failed)?;
+            done += batch.len() as u64;
+            progress(done);
         }
     }
 
-    async fn convert_events(&self) -> Result<()> {
+    async fn convert_events(&self, progress: &(dyn Fn(u64) + Sync)) -> Result<()> {
         let events = self.coll(EVENTS).await?;
         let deliveries = self.coll(DELIVERIES).await?;
         let failed = self
             .conn
             .error(format!("the upgrade step `{STEP_EVENTS}` failed"));
+        let mut done = 0;
+        progress(done);
         loop {
             let batch = all(events
                 .find(doc! { "handlers": { "$exists": false } })
@@ -766,6 +771,8 @@ impl MongoStore {
                 .run_command(doc! { "update": self.name(EVENTS), "updates": updates })
                 .await
                 .map_err(&failed)?;
+            done += batch.len() as u64;
+            progress(done);
         }
     }
 }

@@ -10,11 +10,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use futures_util::StreamExt;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, Config, Connection, Row, Socket, Statement};
+use tokio_postgres::{AsyncMessage, Client, Config, Connection, Row, Socket, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::conninfo::{self, ConnInfo};
@@ -112,6 +113,27 @@ impl ConnectOptions {
             let _ = connection.await;
         });
         Ok(client)
+    }
+
+    /// A new connection driven by a task of its own that passes on the messages a script
+    /// raises beginning with `prefix` (without it), as they arrive during a statement.
+    pub(crate) async fn connect_hearing(
+        &self,
+        prefix: &'static str,
+    ) -> Result<(Client, mpsc::UnboundedReceiver<String>)> {
+        let (client, mut connection) = self.connect_raw().await?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+            while let Some(Ok(message)) = messages.next().await {
+                if let AsyncMessage::Notice(notice) = message {
+                    if let Some(text) = notice.message().strip_prefix(prefix) {
+                        let _ = tx.send(text.to_owned());
+                    }
+                }
+            }
+        });
+        Ok((client, rx))
     }
 
     pub(crate) fn connect_error(&self, cause: tokio_postgres::Error) -> StoreError {

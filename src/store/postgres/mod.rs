@@ -78,7 +78,7 @@ impl Store for PgStore {
     async fn upgrade(
         &self,
         force: bool,
-        progress: &(dyn Fn(&UpgradeStep, usize, usize) + Sync),
+        progress: &(dyn Fn(UpgradeProgress) + Sync),
     ) -> Result<SetupOutcome> {
         self.upgrade_impl(force, progress).await
     }

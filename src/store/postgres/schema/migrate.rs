@@ -10,13 +10,18 @@ use super::locks::setup_lock_key;
 use super::render::{conversion_steps, names_after, render, script, INSTALL, PRELUDE};
 use crate::store::{
     LiveLeases, Result, SchemaStatus, Script, SetupOutcome, StoreError, UpgradeCounts, UpgradePlan,
-    UpgradeStep, SCHEMA_VERSION,
+    UpgradeProgress, UpgradeStep, SCHEMA_VERSION,
 };
 
 /// Setup, the conversion and its plan read and rewrite whole tables, for which a sequential
 /// scan is the right plan; a worker's tuned session rules them out for the delivery path and
 /// would otherwise walk every index instead.
 const WHOLE_TABLE_SCANS: &str = "SET LOCAL enable_seqscan = on";
+
+/// The conversion's steps that rewrite rows report how many they have done with
+/// `RAISE DEBUG 'relaybus progress: N'`, which psql, at its default level, does not show.
+const PROGRESS_PREFIX: &str = "relaybus progress: ";
+const HEAR_PROGRESS: &str = "SET LOCAL client_min_messages = debug1";
 
 /// `description; verb a, b, c`, or the description alone when nothing is named.
 fn naming(description: &str, verb: &str, names: &[String]) -> String {
@@ -281,7 +286,7 @@ impl PgStore {
     pub(in crate::store::postgres) async fn upgrade_impl(
         &self,
         force: bool,
-        progress: &(dyn Fn(&UpgradeStep, usize, usize) + Sync),
+        progress: &(dyn Fn(UpgradeProgress) + Sync),
     ) -> Result<SetupOutcome> {
         match self.upgrade_locked(force, progress).await {
             Err(e) => Err(self.explain_lock_timeout(e).await),
@@ -292,10 +297,11 @@ impl PgStore {
     async fn upgrade_locked(
         &self,
         force: bool,
-        progress: &(dyn Fn(&UpgradeStep, usize, usize) + Sync),
+        progress: &(dyn Fn(UpgradeProgress) + Sync),
     ) -> Result<SetupOutcome> {
-        let mut conn = self.pool.get().await?;
-        let tx = self.begin_locked(&mut conn.client).await?;
+        let (mut client, mut reports) =
+            self.pool.options().connect_hearing(PROGRESS_PREFIX).await?;
+        let tx = self.begin_locked(&mut client).await?;
         let before = self.detect(&tx).await?;
         if before != SchemaStatus::V01 {
             return Ok(SetupOutcome {
@@ -305,19 +311,25 @@ impl PgStore {
         }
         self.live_leases(&tx).await?.refuse_unless(force)?;
         self.refuse_foreign_objects(&tx).await?;
-        let steps = conversion_steps(&self.ns);
-        let total = steps.len();
-        for (i, step) in steps.iter().enumerate() {
-            progress(
-                &UpgradeStep {
-                    name: step.name.clone(),
-                    description: step.description.clone(),
-                    rows: None,
-                },
-                i + 1,
-                total,
-            );
-            tx.batch_execute(&step.sql).await.map_err(db(format!(
+        tx.batch_execute(HEAR_PROGRESS)
+            .await
+            .map_err(db("could not ask for the conversion's progress"))?;
+        for (i, step) in conversion_steps(&self.ns).iter().enumerate() {
+            let step_progress = |rows| progress(UpgradeProgress { step: i + 1, rows });
+            step_progress(0);
+            let run = tx.batch_execute(&step.sql);
+            tokio::pin!(run);
+            let ran = loop {
+                tokio::select! {
+                    ran = &mut run => break ran,
+                    Some(report) = reports.recv() => {
+                        if let Ok(rows) = report.trim().parse() {
+                            step_progress(rows);
+                        }
+                    }
+                }
+            };
+            ran.map_err(db(format!(
                 "the upgrade step `{}` failed; nothing was changed",
                 step.name
             )))?;
