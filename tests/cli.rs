@@ -189,7 +189,79 @@ fn closing_the_output_pipe_is_not_an_error() {
     }
 }
 
-/// `completions/` and `man/` are generated from the command definition. Refresh them with
+/// Every command's `--help` as the binary prints it for an 80-column terminal, with nothing of
+/// the environment shown, named as the man pages are (`relaybus-dead-list.txt`).
+fn help_pages() -> Vec<(String, Vec<u8>)> {
+    fn walk(cmd: &clap::Command, path: Vec<&str>, pages: &mut Vec<(String, Vec<u8>)>) {
+        let out = relaybus()
+            .env_clear()
+            .env("COLUMNS", "80")
+            .args(&path[1..])
+            .arg("--help")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{path:?}: {}", stderr(&out));
+        pages.push((format!("{}.txt", path.join("-")), out.stdout));
+        for sub in cmd
+            .get_subcommands()
+            .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+        {
+            walk(sub, [path.as_slice(), &[sub.get_name()]].concat(), pages);
+        }
+    }
+    let mut cmd = relaybus::cli::command();
+    cmd.build();
+    let mut pages = vec![];
+    walk(&cmd, vec!["relaybus"], &mut pages);
+    pages
+}
+
+/// Texts of a command set as written (a paragraph of several lines: the descriptions with
+/// examples), with the command's path.
+fn written_texts(cmd: &clap::Command, path: String, found: &mut Vec<(String, String)>) {
+    for text in [cmd.get_long_about(), cmd.get_after_long_help()]
+        .into_iter()
+        .flatten()
+    {
+        for paragraph in text.to_string().split("\n\n") {
+            if paragraph.lines().count() > 1 {
+                found.extend(paragraph.lines().map(|l| (path.clone(), l.to_owned())));
+            }
+        }
+    }
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        written_texts(sub, format!("{path} {}", sub.get_name()), found);
+    }
+}
+
+/// Help fits an 80-column terminal: no line of any `--help` is wider, and what is set as
+/// written is written within 80 columns, so that the terminal never breaks it into ragged lines.
+#[test]
+fn every_help_fits_80_columns() {
+    let wide = |l: &str| unicode_width::UnicodeWidthStr::width(l) > 80;
+    let mut too_wide: Vec<String> = help_pages()
+        .iter()
+        .flat_map(|(name, page)| {
+            String::from_utf8_lossy(page)
+                .lines()
+                .filter(|l| wide(l))
+                .map(|l| format!("{name}: {l}"))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let mut written = vec![];
+    written_texts(&relaybus::cli::command(), "relaybus".into(), &mut written);
+    too_wide.extend(
+        written
+            .iter()
+            .filter(|(_, l)| wide(l))
+            .map(|(path, l)| format!("{path}: {l}")),
+    );
+    assert_eq!(too_wide, Vec::<String>::new());
+}
+
+/// `completions/` and `man/` are generated from the command definition, and `tests/help/` holds
+/// what `--help` prints, so that a change to any help shows in review. Refresh them with
 /// `RELAYBUS_REGENERATE=1 cargo test generated_files` and commit the result.
 #[test]
 fn generated_files_are_fresh() {
@@ -205,8 +277,11 @@ fn generated_files_are_fresh() {
     for (name, page) in man_pages().unwrap() {
         expected.push((root.join("man").join(name), page));
     }
+    for (name, page) in help_pages() {
+        expected.push((root.join("tests/help").join(name), page));
+    }
     if std::env::var_os("RELAYBUS_REGENERATE").is_some() {
-        for dir in ["completions", "man"] {
+        for dir in ["completions", "man", "tests/help"] {
             let _ = std::fs::remove_dir_all(root.join(dir));
             std::fs::create_dir_all(root.join(dir)).unwrap();
         }
@@ -221,7 +296,7 @@ fn generated_files_are_fresh() {
             stale.push(path.strip_prefix(root).unwrap().display().to_string());
         }
     }
-    for dir in ["completions", "man"] {
+    for dir in ["completions", "man", "tests/help"] {
         for entry in std::fs::read_dir(root.join(dir)).unwrap() {
             let path = entry.unwrap().path();
             if !expected.iter().any(|(p, _)| *p == path) {

@@ -15,22 +15,26 @@ use crate::bench::worker::{self, WorkerPlan};
 use crate::bench::{report, BenchOptions, Coordinator};
 use crate::bounds::Bounds;
 
-/// Measure publish and dispatch throughput, mixed-load latency and the database's counters.
+/// Measure publish and dispatch throughput, mixed-load latency and the database's
+/// counters.
 ///
 ///   relaybus bench                          # the quick set: every cell, 1 sample
 ///   relaybus bench dispatch --cell disp-1i-tuned --samples 3
-///   relaybus bench publish --compare ./relaybus-old --samples 3 --out bench-results
+///   relaybus bench publish --compare ./relaybus-old --samples 3 \
+///     --out bench-results
 ///   relaybus bench --list
 ///
-/// Each publisher and dispatcher is its own process; each sample is a warm-up plus a fixed
-/// window; dispatch starts from a preloaded backlog; the handler is a built-in no-op. Every
-/// sample runs in a schema of its own (relaybus_bench_*, with --prefix), created and dropped by
-/// the bench; --schema is not used. Counters are deltas of the server's statistics (nothing is reset) and
-/// the workers' own statement counts, per event or delivery. Dispatch and mixed samples are
-/// checked for exactness (each delivery handled once, per-key order, nothing lost or dead) and
-/// an invalid sample is reported as such. A raw-SQL floor runs beside each cell. With
-/// --compare the two binaries alternate (A, B, then B, A) and the ratio of each pair is
-/// reported with its median. --out DIR writes report.md, samples.jsonl and env.json.
+/// Each publisher and dispatcher is its own process; each sample is a warm-up plus
+/// a fixed window; dispatch starts from a preloaded backlog; the handler is a
+/// built-in no-op. Every sample runs in a schema of its own (relaybus_bench_*, with
+/// --prefix), created and dropped by the bench; --schema is not used. Counters are
+/// deltas of the server's statistics (nothing is reset) and the workers' own
+/// statement counts, per event or delivery. Dispatch and mixed samples are checked
+/// for exactness (each delivery handled once, per-key order, nothing lost or dead)
+/// and an invalid sample is reported as such. A raw-SQL floor runs beside each
+/// cell. With --compare the two binaries alternate (A, B, then B, A) and the ratio
+/// of each pair is reported with its median. --out DIR writes report.md,
+/// samples.jsonl and env.json.
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct BenchArgs {

@@ -35,14 +35,18 @@ pub enum DeadCommand {
     ///   relaybus dead requeue --id 0190... --id 0191...
     ///   relaybus dead requeue --all --yes
     ///
-    /// The criteria combine; --all selects every dead delivery. It reports how many match, asks
-    /// on a terminal (--yes in scripts), then requeues them in one transaction. Only dead
-    /// deliveries are ever touched.
+    /// The criteria combine; --all selects every dead delivery. It reports how many
+    /// match, asks on a terminal (--yes in scripts), then requeues them in one
+    /// transaction. Only dead deliveries are ever touched.
     #[command(verbatim_doc_comment)]
     Requeue(RequeueArgs),
 }
 
 #[derive(Debug, Args)]
+#[command(
+    override_usage = "relaybus dead requeue <--id <ID>|--handler <NAME>|--type <TYPE>|\n       \
+                      --error-contains <TEXT>|--all> [OPTIONS]"
+)]
 #[command(group(
     clap::ArgGroup::new("selection")
         .required(true)

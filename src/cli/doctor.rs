@@ -12,18 +12,20 @@ use crate::store::{Store, StoreOptions};
 
 /// Check the store's schema and health, and say what to do about each finding.
 ///
-/// Drift: the installed schema against what this version installs, compared by definition
-/// (tables and columns, indexes, storage parameters, the 256 lanes, the version row; on
-/// MongoDB the collections, indexes, lane and version documents). Health: dead tuples and the
-/// last vacuum, a snapshot holding back cleanup, HOT lane updates, the session settings a worker
-/// with --no-prepared-statements inherits, keys whose head is parked (MongoDB), lag and dead
-/// letters per handler, expired leases still held. Nothing is changed.
+/// Drift: the installed schema against what this version installs, compared by
+/// definition (tables and columns, indexes, storage parameters, the 256 lanes, the
+/// version row; on MongoDB the collections, indexes, lane and version documents).
+/// Health: dead tuples and the last vacuum, a snapshot holding back cleanup, HOT
+/// lane updates, the session settings a worker with --no-prepared-statements
+/// inherits, keys whose head is parked (MongoDB), lag and dead letters per handler,
+/// expired leases still held. Nothing is changed.
 ///
 ///   relaybus doctor
-///   relaybus doctor --fix-sql > fix.sql && psql -v ON_ERROR_STOP=1 --single-transaction -f fix.sql
+///   relaybus doctor --fix-sql > fix.sql
+///   psql -v ON_ERROR_STOP=1 --single-transaction -f fix.sql
 ///
-/// Exit codes: 0 every check ok, 3 warnings only, 1 a check failed (--fix-sql exits 0 once it
-/// has printed the script).
+/// Exit codes: 0 every check ok, 3 warnings only, 1 a check failed (--fix-sql exits
+/// 0 once it has printed the script).
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct DoctorArgs {

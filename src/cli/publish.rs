@@ -13,16 +13,18 @@ use crate::store::{EventLimits, NewEvent, Store, StoreError, StoreOptions};
 
 /// Publish events: one from flags, or many as NDJSON on standard input.
 ///
-/// With --type, publishes one event built from the flags. Without it, reads one JSON object per
-/// line from stdin, `{"id", "type", "key", "payload", "headers", "handlers"}` (`id` generated
-/// when absent, `handlers` defaulting to --handler), and publishes them in atomic batches.
-/// A bad line stops the command naming the line; nothing of its batch is written, earlier
-/// batches stay published, and the message says from which line to go on. Publishing an event
-/// id again adds deliveries only for handlers it never had, and only with the same type, key,
-/// payload and headers: another content is refused. Prints the event ids, or a summary with
-/// --json.
+/// With --type, publishes one event built from the flags. Without it, reads one
+/// JSON object per line from stdin, `{"id", "type", "key", "payload", "headers",
+/// "handlers"}` (`id` generated when absent, `handlers` defaulting to --handler),
+/// and publishes them in atomic batches. A bad line stops the command naming the
+/// line; nothing of its batch is written, earlier batches stay published, and the
+/// message says from which line to go on. Publishing an event id again adds
+/// deliveries only for handlers it never had, and only with the same type, key,
+/// payload and headers: another content is refused. Prints the event ids, or a
+/// summary with --json.
 ///
-///   relaybus publish --type order.paid --key order-7 --handler billing --data '{"total": 42}'
+///   relaybus publish --type order.paid --key order-7 --handler billing \
+///     --data '{"total": 42}'
 ///   cat events.ndjson | relaybus publish --handler billing
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]

@@ -20,11 +20,12 @@ use crate::store::{
 ///   relaybus purge --dead-older-than 30d --completed-older-than 7d --dry-run
 ///   relaybus purge --completed-older-than 7d --yes
 ///
-/// --dead-older-than deletes dead deliveries last updated longer ago. --completed-older-than
-/// deletes completed rows kept from 0.1, completion history, and events older than that with no
-/// delivery left (keep it longer than your longest redelivery window: a republish after the
-/// purge is a new event). Pending deliveries and their events are never touched. Each batch is
-/// its own short statement; progress goes to stderr on a terminal.
+/// --dead-older-than deletes dead deliveries last updated longer ago.
+/// --completed-older-than deletes completed rows kept from 0.1, completion history,
+/// and events older than that with no delivery left (keep it longer than your
+/// longest redelivery window: a republish after the purge is a new event). Pending
+/// deliveries and their events are never touched. Each batch is its own short
+/// statement; progress goes to stderr on a terminal.
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct PurgeArgs {

@@ -20,17 +20,20 @@ use crate::dispatch::{worker_name, DispatchOptions, Dispatcher, RetryPolicy, Run
 use crate::handler::WebhookSecret;
 use crate::store::{Store, StoreOptions};
 
-/// Run a worker: claim deliveries and hand them to shell commands, webhooks or SQL statements.
+/// Run a worker: claim deliveries and hand them to shell commands, webhooks or SQL
+/// statements.
 ///
 /// One handler from flags:
 ///
 ///   relaybus run --handler billing --exec './bill.sh'
-///   relaybus run --handler crm --webhook https://crm.internal/hooks --webhook-secret whsec_...
-///   relaybus run --handler audit --sql 'INSERT INTO audit (event_id, payload) VALUES ($1, $2)'
+///   relaybus run --handler crm --webhook https://crm.internal/hooks \
+///     --webhook-secret whsec_...
+///   relaybus run --handler audit \
+///     --sql 'INSERT INTO audit (event_id, payload) VALUES ($1, $2)'
 ///
-/// Several handlers in one process from a TOML file, one table per handler (keys: exec,
-/// webhook or sql, and optionally timeout, max_attempts, retry_delay, retry_max_delay,
-/// webhook_secret; the flags below are the defaults):
+/// Several handlers in one process from a TOML file, one table per handler (keys:
+/// exec, webhook or sql, and optionally timeout, max_attempts, retry_delay,
+/// retry_max_delay, webhook_secret; the flags below are the defaults):
 ///
 ///   [handlers.billing]
 ///   exec = "./bill.sh"
@@ -41,21 +44,23 @@ use crate::store::{Store, StoreOptions};
 ///   max_attempts = 10
 ///
 ///   [handlers.ledger]
-///   sql = "INSERT INTO ledger (event_id, amount) VALUES ($1, ($2->>'amount')::numeric)"
+///   sql = "INSERT INTO ledger SELECT $1, ($2->>'amount')::numeric"
 ///
-/// Shell handlers get the JSON envelope on stdin and RELAYBUS_EVENT_ID, RELAYBUS_EVENT_TYPE,
-/// RELAYBUS_KEY, RELAYBUS_HANDLER, RELAYBUS_DELIVERY_ID, RELAYBUS_ATTEMPT in the environment.
-/// Exit 0 completes, 65 buries at once, anything else (or the timeout, which kills the process
-/// group) fails the attempt. Webhooks get a POST of the envelope: 2xx completes, 410 buries,
-/// anything else fails the attempt, honouring Retry-After. A SQL handler's statement runs on
-/// the store's database in the transaction that completes the delivery: both commit or
-/// neither, so its effect exists once per delivery whatever crashes; an error (with the
-/// database's message), or the timeout, fails the attempt. Failed attempts are retried with
-/// exponential backoff and buried (dead letter) at the last attempt.
+/// Shell handlers get the JSON envelope on stdin and RELAYBUS_EVENT_ID,
+/// RELAYBUS_EVENT_TYPE, RELAYBUS_KEY, RELAYBUS_HANDLER, RELAYBUS_DELIVERY_ID,
+/// RELAYBUS_ATTEMPT in the environment. Exit 0 completes, 65 buries at once,
+/// anything else (or the timeout, which kills the process group) fails the attempt.
+/// Webhooks get a POST of the envelope: 2xx completes, 410 buries, anything else
+/// fails the attempt, honouring Retry-After. A SQL handler's statement runs on the
+/// store's database in the transaction that completes the delivery: both commit or
+/// neither, so its effect exists once per delivery whatever crashes; an error (with
+/// the database's message), or the timeout, fails the attempt. Failed attempts are
+/// retried with exponential backoff and buried (dead letter) at the last attempt.
 ///
-/// SIGINT or SIGTERM stops claiming, lets running handlers finish within --shutdown-grace,
-/// releases the rest without charging an attempt and hands every lane back. A second signal
-/// aborts running handlers at once and exits with 128 + the signal: 130 (SIGINT) or 143 (SIGTERM).
+/// SIGINT or SIGTERM stops claiming, lets running handlers finish within
+/// --shutdown-grace, releases the rest without charging an attempt and hands every
+/// lane back. A second signal aborts running handlers at once and exits with 128 +
+/// the signal: 130 (SIGINT) or 143 (SIGTERM).
 #[derive(Debug, Args)]
 #[command(verbatim_doc_comment)]
 pub struct RunArgs {

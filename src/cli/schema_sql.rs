@@ -8,12 +8,13 @@ use clap::{Args, ValueEnum};
 use super::{GlobalArgs, Output};
 use crate::store::{schema_script, Engine, Script};
 
-/// Print the schema as SQL for your own migration tool (Flyway, Atlas, sqitch, a DBA).
+/// Print the schema as SQL for your own migration tool (Flyway, Atlas, sqitch, a
+/// DBA).
 ///
-/// Connects to nothing. Without --from, prints the complete install script for an empty
-/// database; with --from 0.1, the in-place conversion of a 0.1 store. Both are idempotent.
-/// With --grants ROLE, the least privileges a runtime role needs (publish, run, the admin
-/// commands), for a store installed by its owner:
+/// Connects to nothing. Without --from, prints the complete install script for an
+/// empty database; with --from 0.1, the in-place conversion of a 0.1 store. Both
+/// are idempotent. With --grants ROLE, the least privileges a runtime role needs
+/// (publish, run, the admin commands), for a store installed by its owner:
 ///
 ///   relaybus schema-sql --schema app > relaybus.sql
 ///   psql -v ON_ERROR_STOP=1 --single-transaction -f relaybus.sql
