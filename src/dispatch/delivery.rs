@@ -33,7 +33,9 @@ pub(super) async fn run<S: Store>(
         },
         Runner::Statement { sql, timeout } => {
             let mut aborted = cancel.clone();
-            let run = until_recorded(
+            // Boxed, as the failure path's below: the engines' statement futures are large,
+            // and every delivery's task would otherwise carry them, copied at each spawn.
+            let run = Box::pin(until_recorded(
                 "statement",
                 "a handler's statement",
                 &ctx.reporter,
@@ -42,7 +44,7 @@ pub(super) async fn run<S: Store>(
                     ctx.store
                         .complete_with_statement(&delivery, sql, *timeout, ctx.history)
                 },
-            );
+            ));
             // Aborted by a second signal, the transaction rolls back: released like any other.
             let ran = tokio::select! {
                 ran = run => ran,
@@ -111,13 +113,13 @@ pub(super) async fn run<S: Store>(
         }
     };
     drop(running);
-    let recorded = until_recorded(
+    let recorded = Box::pin(until_recorded(
         "fail",
         "a failed attempt",
         &ctx.reporter,
         &mut cancel,
         || ctx.store.fail(&delivery.token, &failure, &error),
-    )
+    ))
     .await;
     let (id, event, handler) = (
         &delivery.token.delivery_id,
