@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::value::RawValue;
 
 pub use shell::ShellHandler;
 pub use webhook::{WebhookHandler, WebhookSecret};
@@ -24,8 +24,8 @@ pub struct Envelope<'a> {
     #[serde(rename = "type")]
     pub event_type: &'a str,
     pub key: Option<&'a str>,
-    pub payload: &'a Value,
-    pub headers: &'a Value,
+    pub payload: &'a RawValue,
+    pub headers: &'a RawValue,
     pub created_at: String,
     pub handler: &'a str,
     pub delivery_id: &'a str,

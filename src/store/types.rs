@@ -5,6 +5,9 @@ use serde_json::{Map, Value};
 
 use super::StoreError;
 
+/// A JSON document kept as its text.
+pub type RawJson = Box<serde_json::value::RawValue>;
+
 /// The longest id, type, key or handler name: every index entry of a delivery must fit in a
 /// third of a page.
 pub const MAX_NAME_BYTES: usize = 1024;
@@ -234,8 +237,10 @@ pub struct ClaimedDelivery {
     pub event_id: String,
     pub event_type: String,
     pub key: Option<String>,
-    pub payload: Value,
-    pub headers: Value,
+    /// The event's payload and headers as JSON text: a worker passes them on to its handlers
+    /// and never looks inside.
+    pub payload: RawJson,
+    pub headers: RawJson,
     pub created_at: chrono::DateTime<chrono::Utc>,
 }
 

@@ -3,20 +3,25 @@
 -- The design note docs/design/delivery-path.md says why each part is shaped as it is.
 -- $1 owner, $2 lease in ms, $3 handlers, $4 batch size, $5 free lanes to take at most,
 -- $6 max attempts per handler (same order as $3), $7 deliveries the worker still has
--- outstanding, $8 the lane the free-lane search starts from.
--- params: text, float8, text[], int8, int8, int4[], text[], int2
+-- outstanding, $8 the lane the free-lane search starts from, $9 the most deliveries a lane keeps
+-- in flight.
+-- params: text, float8, text[], int8, int8, int4[], text[], int2, int4
 WITH held AS (
-  -- The lanes this worker holds under a live lease, locked (a takeover of them waits).
-  SELECT l.lane, l.epoch, l.in_flight FROM "{{schema}}"."{{prefix}}lanes" l
+  -- The lanes this worker holds under a live lease, locked (a takeover of them waits), and
+  -- what each keeps in flight: what the worker still has outstanding.
+  SELECT l.lane, l.epoch, l.in_flight,
+         ARRAY(SELECT x FROM unnest(l.in_flight) AS x WHERE x IN (SELECT unnest($7::text[])))
+           AS running
+    FROM "{{schema}}"."{{prefix}}lanes" l
    WHERE l.lease_owner = $1 AND l.lease_expires_at > now()
    ORDER BY l.lane FOR UPDATE
 ), candidates AS (
   -- Free or expired lanes with due work for these handlers, probed one by one from lane $8
   -- until $5 have some; the probe follows the due index's order.
-  SELECT c.lane FROM (SELECT l.lane FROM "{{schema}}"."{{prefix}}lanes" l
-                       WHERE l.lease_owner IS NULL OR l.lease_expires_at <= now()
-                       ORDER BY (l.lane + $8) % 256) c
-   WHERE (SELECT true FROM "{{schema}}"."{{prefix}}deliveries" d
+  SELECT c.lane FROM (SELECT ((g + $8) % 256)::int2 AS lane FROM generate_series(0, 255) g) c
+   WHERE (SELECT true FROM "{{schema}}"."{{prefix}}lanes" l
+           WHERE l.lane = c.lane AND (l.lease_owner IS NULL OR l.lease_expires_at <= now()))
+     AND (SELECT true FROM "{{schema}}"."{{prefix}}deliveries" d
            WHERE d.lane = c.lane AND d.status = 'pending' AND d.available_at <= now()
              AND d.handler = ANY ($3) ORDER BY d.available_at LIMIT 1)
    LIMIT $5
@@ -30,20 +35,14 @@ WITH held AS (
 ), seen AS (
   -- The statement snapshot's version of those lanes, which can be older than the locked one.
   SELECT l.lane, l.in_flight FROM "{{schema}}"."{{prefix}}lanes" l
-   WHERE l.lane IN (SELECT lane FROM held) OR l.lane IN (SELECT lane FROM taken)
+   WHERE l.lane = ANY (ARRAY(SELECT lane FROM held UNION ALL SELECT lane FROM taken))
 ), busy AS MATERIALIZED (
   -- Listed in flight in either version: never picked by this claim.
   SELECT unnest(in_flight) AS id FROM held
-  UNION SELECT unnest(in_flight) FROM seen
-), running AS (
-  -- What each held lane keeps in flight: what the worker still has outstanding.
-  SELECT h.lane, ARRAY(SELECT x FROM unnest(h.in_flight) AS x
-                        WHERE x IN (SELECT unnest($7::text[]))) AS ids
-    FROM held h
+  UNION ALL SELECT unnest(in_flight) FROM seen
 ), mine AS (
   -- Every lane this claim writes: held ones, and taken ones with their epoch bumped.
-  SELECT h.lane, h.epoch, r.ids AS running, false AS fresh, false AS takeover
-    FROM held h JOIN running r USING (lane)
+  SELECT h.lane, h.epoch, h.running, false AS fresh, false AS takeover FROM held h
   UNION ALL
   SELECT t.lane, t.epoch + 1, '{}'::text[], true, t.takeover FROM taken t
 ), charged AS (
@@ -62,17 +61,20 @@ WITH held AS (
      AND d.id = ANY (ARRAY(SELECT unnest(in_flight) FROM taken WHERE takeover))
   RETURNING d.id
 ), picked AS (
-  -- Due deliveries, held lanes first, lane by lane until the batch is full. Taken-over lanes
-  -- are picked from in the next claim.
-  SELECT p.* FROM (SELECT * FROM mine WHERE NOT takeover ORDER BY fresh, lane) m
+  -- Due deliveries, lane by lane until the batch is full: first the held lanes that run
+  -- nothing, then taken ones, then held ones with room left. A lane takes up to $9 in flight.
+  -- Taken-over lanes are picked from in the next claim.
+  SELECT p.* FROM (SELECT *, greatest($9 - cardinality(running), 0) AS room FROM mine
+                    WHERE NOT takeover ORDER BY cardinality(running) > 0, fresh, lane) m
   CROSS JOIN LATERAL (SELECT * FROM (
-    -- Unkeyed: from the first batch + 100 due rows of the lane.
-    (SELECT u.id, u.lane, u.claims, u.attempts, u.handler, u.event_id, u.available_at, m.fresh
-       FROM (SELECT d.* FROM "{{schema}}"."{{prefix}}deliveries" d
+    -- Unkeyed: from the lane's first due rows, past what it runs, with 100 to spare.
+    (SELECT u.id, u.lane, m.epoch, u.claims, u.attempts, u.handler, u.event_id, u.available_at
+       FROM (SELECT d.id, d.lane, d.claims, d.attempts, d.handler, d.event_id, d.available_at,
+                    d.key FROM "{{schema}}"."{{prefix}}deliveries" d
               WHERE d.lane = m.lane AND d.status = 'pending' AND d.available_at <= now()
-              ORDER BY d.available_at, d.id LIMIT $4 + 100) u
+              ORDER BY d.available_at, d.id LIMIT m.room + cardinality(m.running) + 100) u
       WHERE u.key IS NULL AND u.handler = ANY ($3) AND u.id NOT IN (SELECT id FROM busy)
-      LIMIT $4)
+      LIMIT m.room)
     UNION ALL
     -- Keyed: `k` walks the lane's distinct (handler, key) pairs, one index probe each; only
     -- the head of a key, its lowest pending sequence, may run, when due and not in flight.
@@ -87,7 +89,7 @@ WITH held AS (
              AND (d.handler, d.key) > (k.handler, k.key)
            ORDER BY d.handler, d.key LIMIT 1) n)
      )
-     SELECT h.id, h.lane, h.claims, h.attempts, h.handler, h.event_id, h.available_at, m.fresh
+     SELECT h.id, h.lane, m.epoch, h.claims, h.attempts, h.handler, h.event_id, h.available_at
        FROM k CROSS JOIN LATERAL (
          SELECT d.id, d.lane, d.claims, d.attempts, d.handler, d.event_id, d.available_at
            FROM "{{schema}}"."{{prefix}}deliveries" d
@@ -95,8 +97,8 @@ WITH held AS (
             AND d.key IS NOT NULL AND d.status = 'pending'
           ORDER BY d.sequence LIMIT 1) h
       WHERE h.handler = ANY ($3) AND h.available_at <= now() AND h.id NOT IN (SELECT id FROM busy)
-      ORDER BY h.available_at, h.id LIMIT $4)
-  ) x ORDER BY x.available_at, x.id LIMIT $4) p
+      ORDER BY h.available_at, h.id LIMIT m.room)
+  ) x ORDER BY x.available_at, x.id LIMIT m.room) p
   LIMIT $4
 ), picks AS (
   SELECT lane, array_agg(id) AS ids FROM picked GROUP BY lane
@@ -114,15 +116,13 @@ WITH held AS (
     FROM mine m LEFT JOIN picks p USING (lane)
    WHERE l.lane = m.lane AND l.lane = ANY (ARRAY(SELECT lane FROM mine))
      AND (m.takeover OR p.ids IS NOT NULL OR (NOT m.fresh AND cardinality(m.running) = 0))
-  RETURNING l.lane, l.epoch
 )
 -- Always one row at least: the takeover counts, with NULL delivery columns when nothing was
 -- picked. Each delivery's event is one probe of its key (a lateral lookup, which no plan turns
--- into a walk of the whole key).
-SELECT p.id, p.lane, w.epoch, p.claims, p.attempts, p.handler,
+-- into a walk of the whole key). The epoch is the one written: a lane that got picks is always
+-- written, locked as it is.
+SELECT p.id, p.lane, p.epoch, p.claims, p.attempts, p.handler,
        e.id, e.type, e.key, e.payload, e.headers, e.created_at, c.n AS charged, t.n AS taken
   FROM (SELECT count(*) AS n FROM charged) c CROSS JOIN (SELECT count(*) AS n FROM taken) t
-  LEFT JOIN (picked p JOIN written w USING (lane)
-             CROSS JOIN LATERAL (SELECT * FROM "{{schema}}"."{{prefix}}events" e
-                                  WHERE e.id = p.event_id LIMIT 1) e) ON true
- ORDER BY p.fresh, p.lane, p.available_at, p.id
+  LEFT JOIN (picked p CROSS JOIN LATERAL (SELECT * FROM "{{schema}}"."{{prefix}}events" e
+                                           WHERE e.id = p.event_id LIMIT 1) e) ON true

@@ -474,11 +474,12 @@ impl MongoStore {
                     attempts: p.attempts,
                     event_type: e.get_str("type").unwrap_or_default().to_owned(),
                     key: e.get_str("key").ok().map(str::to_owned),
-                    payload: e.get("payload").map(json::to_json).unwrap_or_default(),
-                    headers: e
-                        .get("headers")
-                        .map(json::to_json)
-                        .unwrap_or_else(|| serde_json::json!({})),
+                    payload: json::to_raw(e.get("payload").map(json::to_json).unwrap_or_default()),
+                    headers: json::to_raw(
+                        e.get("headers")
+                            .map(json::to_json)
+                            .unwrap_or_else(|| serde_json::json!({})),
+                    ),
                     created_at: e
                         .get_datetime("createdAt")
                         .map(|d| chrono(*d))

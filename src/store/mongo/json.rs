@@ -8,6 +8,8 @@ use std::str::FromStr;
 use mongodb::bson::{Bson, Decimal128, Document};
 use serde_json::{Map, Number, Value};
 
+use crate::store::RawJson;
+
 /// The JSON value as BSON; Err names a number no BSON type holds exactly.
 pub(super) fn to_bson(value: &Value) -> Result<Bson, String> {
     Ok(match value {
@@ -67,6 +69,11 @@ fn same_number(a: &str, b: &str) -> bool {
 
 /// A stored value as JSON. Types relaybus never writes (dates, ids of other writers) become
 /// their extended-JSON form.
+/// A document as the text a worker hands its handlers.
+pub(super) fn to_raw(value: Value) -> RawJson {
+    serde_json::value::to_raw_value(&value).expect("a JSON value always serializes")
+}
+
 pub(super) fn to_json(value: &Bson) -> Value {
     match value {
         Bson::Null | Bson::Undefined => Value::Null,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::types::{Json, ToSql, Type};
 
 use super::conn::{db, describe};
 use super::dispatch::token_arrays;
@@ -78,10 +78,10 @@ impl PgStore {
         let attempt = d.attempts + 1;
         let values: [&(dyn ToSql + Sync); 7] = [
             &d.event_id,
-            &d.payload,
+            &Json(&d.payload),
             &d.key,
             &d.event_type,
-            &d.headers,
+            &Json(&d.headers),
             &t.delivery_id,
             &attempt,
         ];
