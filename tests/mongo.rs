@@ -182,6 +182,7 @@ fn request(owner: &str, lease: Duration) -> ClaimRequest {
         new_lanes: 256,
         lease,
         outstanding: vec![],
+        lanes: relaybus::store::LaneShare::ALL,
     }
 }
 

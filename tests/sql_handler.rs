@@ -140,6 +140,7 @@ fn after_a_takeover_the_old_token_runs_nothing() {
         new_lanes: 4,
         lease,
         outstanding: vec![],
+        lanes: relaybus::store::LaneShare::ALL,
     };
     let minute = Duration::from_secs(60);
     runtime().block_on(async {

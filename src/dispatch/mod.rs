@@ -17,14 +17,15 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify, Semaphore};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 use crate::backoff::{Backoff, Retries};
 use crate::handler::Handler;
 use crate::store::{
-    ClaimRequest, ClaimStats, ClaimedDelivery, LeaseToken, Result, Store, StoreError, WakeUp,
+    ClaimRequest, ClaimStats, ClaimedDelivery, LaneShare, LeaseToken, Result, Store, StoreError,
+    WakeUp,
 };
 use complete::{Completer, Running};
 pub use options::{worker_name, DispatchOptions, RetryPolicy};
@@ -108,20 +109,33 @@ struct Context<S> {
 /// A worker: construct it, then `run` it until shutdown (or, with `drain`, until no due work is
 /// left).
 pub struct Dispatcher<S: Store> {
-    store: Arc<S>,
-    options: DispatchOptions,
-    ctx: Arc<Context<S>>,
-    reporter: Arc<Reporter>,
-    /// The parts of every claim that never change.
-    template: ClaimRequest,
-    slots: Arc<Semaphore>,
-    tasks: JoinSet<Option<LeaseToken>>,
-    cancel: watch::Sender<bool>,
+    shared: Shared<S>,
+    /// One claim loop per stream, each on lanes of its own (`DispatchOptions::claim_streams`).
+    claimers: Vec<Claimer>,
     completer: JoinHandle<()>,
     /// Lease renewal and the status line: they last until every delivery has ended.
     background: Vec<JoinHandle<()>>,
     /// Wake-ups mean nothing once the worker stops claiming.
     wake_relay: Option<JoinHandle<()>>,
+}
+
+/// What the claim streams share.
+struct Shared<S: Store> {
+    store: Arc<S>,
+    options: DispatchOptions,
+    ctx: Arc<Context<S>>,
+    reporter: Arc<Reporter>,
+    slots: Arc<Semaphore>,
+    cancel: watch::Sender<bool>,
+}
+
+/// One claim stream: it claims, starts what it claimed, and rests when nothing is due. Its
+/// lanes are its own, so its claims run beside the other stream's without waiting for them, and
+/// it alone writes the in-flight lists of its lanes.
+struct Claimer {
+    /// The parts of every claim of this stream that never change.
+    template: ClaimRequest,
+    tasks: JoinSet<Option<LeaseToken>>,
     wake: Arc<Notify>,
     new_lanes: i64,
     linger_until: Option<Instant>,
@@ -138,6 +152,7 @@ impl<S: Store> Dispatcher<S> {
         handlers: Vec<HandlerSpec>,
         reporter: Arc<Reporter>,
     ) -> Self {
+        let streams = options.claim_streams();
         let template = ClaimRequest {
             owner: options.owner.clone(),
             handlers: handlers.iter().map(|h| h.name.clone()).collect(),
@@ -146,6 +161,7 @@ impl<S: Store> Dispatcher<S> {
             new_lanes: 0,
             lease: options.lease_duration,
             outstanding: vec![],
+            lanes: LaneShare::ALL,
         };
         reporter.metrics.handlers(&template.handlers);
         let running = Arc::new(Running::default());
@@ -170,7 +186,24 @@ impl<S: Store> Dispatcher<S> {
             history: options.completion_history,
         });
         let slots = Arc::new(Semaphore::new(options.concurrency));
-        let wake = Arc::new(Notify::new());
+        let claimers: Vec<Claimer> = (0..streams)
+            .map(|index| Claimer {
+                template: ClaimRequest {
+                    lanes: LaneShare {
+                        count: streams as i16,
+                        index: index as i16,
+                    },
+                    ..template.clone()
+                },
+                tasks: JoinSet::new(),
+                wake: Arc::new(Notify::new()),
+                new_lanes: FIRST_NEW_LANES,
+                linger_until: None,
+                claim_retries: CLAIM_RETRY.retries(),
+                found_work_at: None,
+                fatal: None,
+            })
+            .collect();
         let background = vec![
             tokio::spawn(renew(
                 Arc::clone(&store),
@@ -184,94 +217,207 @@ impl<S: Store> Dispatcher<S> {
                 options.concurrency,
             )),
         ];
+        let wakes = claimers.iter().map(|c| Arc::clone(&c.wake)).collect();
         let wake_relay = options
             .wake_ups
-            .then(|| relay_wake_ups(&*store, Arc::clone(&wake), Arc::clone(&reporter)))
+            .then(|| relay_wake_ups(&*store, wakes, Arc::clone(&reporter)))
             .flatten();
         Self {
-            store,
-            ctx,
-            reporter,
-            template,
-            slots,
-            tasks: JoinSet::new(),
-            cancel,
+            shared: Shared {
+                store,
+                options,
+                ctx,
+                reporter,
+                slots,
+                cancel,
+            },
+            claimers,
             completer: completer_task,
             background,
             wake_relay,
-            wake,
-            new_lanes: FIRST_NEW_LANES,
-            linger_until: None,
-            claim_retries: CLAIM_RETRY.retries(),
-            found_work_at: None,
-            fatal: None,
-            options,
         }
     }
 
     /// Claims and runs deliveries until `shutdown` says stop, then stops as it says. A claim
-    /// error no retry can cure stops it the same way, and is returned once it has stopped.
+    /// error no retry can cure stops every stream the same way, and is returned once the
+    /// worker has stopped.
     pub async fn run(mut self, mut shutdown: watch::Receiver<Shutdown>) -> Result<Summary> {
+        let options = &self.shared.options;
         tracing::info!(
-            worker = %self.options.owner,
-            handlers = %self.template.handlers.join(","),
-            concurrency = self.options.concurrency,
-            batch_size = self.options.batch_size,
+            worker = %options.owner,
+            handlers = %self.claimers[0].template.handlers.join(","),
+            concurrency = options.concurrency,
+            batch_size = options.batch_size,
+            claim_streams = self.claimers.len(),
             "worker started"
         );
-        while *shutdown.borrow() == Shutdown::Running && self.fatal.is_none() {
-            while self.tasks.try_join_next().is_some() {}
-            let Some(want) = self.ready(&mut shutdown).await else {
-                continue;
-            };
-            let searched = self.new_lanes > 0;
-            let Some((claimed, stats)) = self.claim(want, &mut shutdown).await else {
-                continue;
-            };
-            let got = claimed.len();
-            self.start(claimed);
-            if !self.nothing_to_do(want, got, stats, searched) {
-                continue;
-            }
-            if self.drained().await {
-                break;
-            }
-            self.idle(&mut shutdown).await;
-        }
-        let fatal = self.fatal.take();
-        let summary = self.stop(shutdown).await;
+        // The streams follow `shutdown`, and one that cannot go on stops the others as a signal
+        // would.
+        let (halt, halted) = watch::channel(*shutdown.borrow());
+        let forward = {
+            let halt = halt.clone();
+            tokio::spawn(async move {
+                loop {
+                    next_signal(&mut shutdown).await;
+                    let _ = halt.send(*shutdown.borrow());
+                }
+            })
+        };
+        let shared = &self.shared;
+        futures_util::future::join_all(
+            self.claimers
+                .iter_mut()
+                .map(|c| c.run(shared, halted.clone(), &halt)),
+        )
+        .await;
+        let fatal = self.claimers.iter_mut().find_map(|c| c.fatal.take());
+        let summary = self.stop(halted).await;
+        forward.abort();
         match fatal {
             Some(e) => Err(e),
             None => Ok(summary),
         }
     }
 
-    /// The largest claim worth making: a full batch, or all the slots when they are fewer.
-    fn full_batch(&self) -> usize {
-        self.options.batch_size.min(self.options.concurrency)
+    /// Stops claiming, lets running handlers finish within the grace period (none with a
+    /// second signal), aborts and releases the rest, and hands every lane back.
+    async fn stop(mut self, mut shutdown: watch::Receiver<Shutdown>) -> Summary {
+        let Shared {
+            store,
+            options,
+            ctx,
+            reporter,
+            cancel,
+            ..
+        } = self.shared;
+        reporter.metrics.stopping();
+        if let Some(relay) = self.wake_relay.take() {
+            relay.abort();
+        }
+        let running: usize = self.claimers.iter().map(|c| c.tasks.len()).sum();
+        if *shutdown.borrow() != Shutdown::Running {
+            tracing::info!(
+                running,
+                grace = %humantime::format_duration(options.shutdown_grace),
+                "stopping: no new claims"
+            );
+        }
+        let deadline = Instant::now() + options.shutdown_grace;
+        'grace: for tasks in self.claimers.iter_mut().map(|c| &mut c.tasks) {
+            while !tasks.is_empty() && *shutdown.borrow() != Shutdown::Immediate {
+                tokio::select! {
+                    _ = tasks.join_next() => {}
+                    _ = tokio::time::sleep_until(deadline) => break 'grace,
+                    _ = signalled(&mut shutdown, Shutdown::Immediate) => break 'grace,
+                }
+            }
+        }
+        let _ = cancel.send(true);
+        let mut aborted = Vec::new();
+        for tasks in self.claimers.iter_mut().map(|c| &mut c.tasks) {
+            while let Some(done) = tasks.join_next().await {
+                if let Ok(Some(token)) = done {
+                    aborted.push(token);
+                }
+            }
+        }
+        for task in self.background.drain(..) {
+            task.abort();
+        }
+        // The last sender of completions goes with the context; the completer then flushes
+        // what it has and ends.
+        drop(ctx);
+        let _ = self.completer.await;
+        let release = store.release(&options.owner, &aborted);
+        match tokio::time::timeout(RELEASE_TIMEOUT, release).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(
+                error = %format!("{e:#}"),
+                "could not hand the lanes back; they free up when the lease expires"
+            ),
+            Err(_) => tracing::warn!(
+                "handing the lanes back timed out; they free up when the lease expires"
+            ),
+        }
+        let counters = &reporter.counters;
+        counters
+            .released
+            .fetch_add(aborted.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let summary = counters.summary();
+        reporter.stopped();
+        tracing::info!(
+            handled = summary.handled,
+            failed = summary.failed,
+            dead = summary.dead,
+            lease_lost = summary.lease_lost,
+            released = summary.released,
+            "worker stopped"
+        );
+        summary
+    }
+}
+
+impl Claimer {
+    /// Claims and starts deliveries until `shutdown` says stop (or, with `drain`, until no due
+    /// work is left). A claim error no retry can cure halts every stream.
+    async fn run<S: Store>(
+        &mut self,
+        shared: &Shared<S>,
+        mut shutdown: watch::Receiver<Shutdown>,
+        halt: &watch::Sender<Shutdown>,
+    ) {
+        while *shutdown.borrow() == Shutdown::Running {
+            while self.tasks.try_join_next().is_some() {}
+            let Some(reserved) = self.ready(shared, &mut shutdown).await else {
+                continue;
+            };
+            let want = reserved.num_permits();
+            let searched = self.new_lanes > 0;
+            let Some((claimed, stats)) = self.claim(shared, want, &mut shutdown).await else {
+                if self.fatal.is_some() {
+                    let _ = halt.send(Shutdown::Graceful);
+                }
+                continue;
+            };
+            let got = claimed.len();
+            self.start(shared, claimed, reserved);
+            if !self.nothing_to_do(want, got, stats, searched) {
+                continue;
+            }
+            if self.drained(shared).await {
+                break;
+            }
+            self.idle(shared, &mut shutdown).await;
+        }
     }
 
-    /// Waits until a claim is worth making and returns its size, or None to look again (a slot
-    /// freed, a signal came). Handlers that finish together free their slots together: a
-    /// moment's wait for them makes one claim of a full batch instead of one per handler.
-    async fn ready(&mut self, shutdown: &mut watch::Receiver<Shutdown>) -> Option<usize> {
-        let free = self.slots.available_permits();
+    /// Waits until a claim is worth making and reserves the slots it may fill, or returns None
+    /// to look again (a slot freed, a signal came). Handlers that finish together free their
+    /// slots together: a moment's wait for them makes one claim of a full batch instead of one
+    /// per handler.
+    async fn ready<S: Store>(
+        &mut self,
+        shared: &Shared<S>,
+        shutdown: &mut watch::Receiver<Shutdown>,
+    ) -> Option<OwnedSemaphorePermit> {
+        let slots = &shared.slots;
+        let free = slots.available_permits();
         if free == 0 {
             tokio::select! {
-                slot = self.slots.acquire() => drop(slot),
+                slot = slots.acquire() => drop(slot),
                 _ = next_signal(shutdown) => {}
             }
             return None;
         }
-        let full = self.full_batch();
+        let full = shared.options.claim_size();
         if free < full {
-            let linger = self.options.completion_window * 2 + CLAIM_LINGER;
+            let linger = shared.options.completion_window * 2 + CLAIM_LINGER;
             let until = *self
                 .linger_until
                 .get_or_insert_with(|| Instant::now() + linger);
             if Instant::now() < until {
                 tokio::select! {
-                    slots = self.slots.acquire_many(full as u32) => drop(slots),
+                    slots = slots.acquire_many(full as u32) => drop(slots),
                     _ = tokio::time::sleep_until(until) => {}
                     _ = next_signal(shutdown) => {}
                 }
@@ -279,19 +425,22 @@ impl<S: Store> Dispatcher<S> {
             }
         }
         self.linger_until = None;
-        Some(free.min(self.options.batch_size))
+        Arc::clone(slots)
+            .try_acquire_many_owned(free.min(full) as u32)
+            .ok()
     }
 
     /// One claim; a failing one is logged and retried after a back-off.
-    async fn claim(
+    async fn claim<S: Store>(
         &mut self,
+        shared: &Shared<S>,
         want: usize,
         shutdown: &mut watch::Receiver<Shutdown>,
     ) -> Option<(Vec<ClaimedDelivery>, ClaimStats)> {
         let request = ClaimRequest {
             batch: want as i64,
             new_lanes: self.new_lanes,
-            outstanding: self
+            outstanding: shared
                 .ctx
                 .outstanding
                 .lock()
@@ -302,8 +451,8 @@ impl<S: Store> Dispatcher<S> {
             ..self.template.clone()
         };
         let started = Instant::now();
-        let claimed = self.store.claim(&request).await;
-        let metrics = &self.reporter.metrics;
+        let claimed = shared.store.claim(&request).await;
+        let metrics = &shared.reporter.metrics;
         match claimed {
             Ok(claimed) => {
                 metrics.claimed(claimed.0.len(), started.elapsed());
@@ -333,22 +482,28 @@ impl<S: Store> Dispatcher<S> {
         }
     }
 
-    /// Starts a task per claimed delivery.
-    fn start(&mut self, claimed: Vec<ClaimedDelivery>) {
-        self.ctx
-            .outstanding
+    /// Starts a task per claimed delivery, each with one of the reserved slots; the slots the
+    /// claim did not fill are freed.
+    fn start<S: Store>(
+        &mut self,
+        shared: &Shared<S>,
+        claimed: Vec<ClaimedDelivery>,
+        mut reserved: OwnedSemaphorePermit,
+    ) {
+        let ctx = &shared.ctx;
+        ctx.outstanding
             .lock()
             .expect("outstanding lock")
             .extend(claimed.iter().map(|d| d.token.delivery_id.clone()));
         // The whole claim counts as running before any of it starts, so the completer does not
         // flush the first delivery to finish alone.
-        let guards: Vec<_> = claimed.iter().map(|_| self.ctx.running.enter()).collect();
+        let guards: Vec<_> = claimed.iter().map(|_| ctx.running.enter()).collect();
         for (claimed, running) in claimed.into_iter().zip(guards) {
-            let slot = Arc::clone(&self.slots)
-                .try_acquire_owned()
-                .expect("a claim never exceeds the free slots");
-            let ctx = Arc::clone(&self.ctx);
-            let cancel = self.cancel.subscribe();
+            let slot = reserved
+                .split(1)
+                .expect("a claim never exceeds the slots reserved for it");
+            let ctx = Arc::clone(ctx);
+            let cancel = shared.cancel.subscribe();
             self.tasks.spawn(async move {
                 let id = claimed.token.delivery_id.clone();
                 let aborted = delivery::run(&ctx, claimed, running, slot, cancel).await;
@@ -363,7 +518,7 @@ impl<S: Store> Dispatcher<S> {
 
     /// Learns from a claim: how widely the next one searches for free lanes (a full batch from
     /// the lanes it holds needs no search; a short one widens it, 4, 8, 16... lanes at a
-    /// time). True when the claim found nothing, so the worker may rest.
+    /// time). True when the claim found nothing, so the stream may rest.
     fn nothing_to_do(
         &mut self,
         want: usize,
@@ -388,12 +543,12 @@ impl<S: Store> Dispatcher<S> {
         got == 0 && stats.lanes_taken == 0 && searched
     }
 
-    /// With `drain`: true once nothing runs and nothing of these handlers is due.
-    async fn drained(&self) -> bool {
-        if !(self.options.drain && self.tasks.is_empty()) {
+    /// With `drain`: true once nothing of this stream runs and nothing of these handlers is due.
+    async fn drained<S: Store>(&self, shared: &Shared<S>) -> bool {
+        if !(shared.options.drain && self.tasks.is_empty()) {
             return false;
         }
-        match self.store.due_exists(&self.template.handlers).await {
+        match shared.store.due_exists(&self.template.handlers).await {
             Ok(due) => !due,
             Err(e) => {
                 tracing::warn!(error = %format!("{e:#}"), "could not check for due work");
@@ -403,14 +558,18 @@ impl<S: Store> Dispatcher<S> {
     }
 
     /// Rests until a wake-up, the poll interval, a signal, or a delivery that ends.
-    async fn idle(&mut self, shutdown: &mut watch::Receiver<Shutdown>) {
+    async fn idle<S: Store>(
+        &mut self,
+        shared: &Shared<S>,
+        shutdown: &mut watch::Receiver<Shutdown>,
+    ) {
         let busy = self
             .found_work_at
-            .is_some_and(|t| t.elapsed() < self.store.wake_up_delay());
+            .is_some_and(|t| t.elapsed() < shared.store.wake_up_delay());
         let poll = if busy {
-            BUSY_POLL.min(self.options.poll_interval)
+            BUSY_POLL.min(shared.options.poll_interval)
         } else {
-            self.options.poll_interval
+            shared.options.poll_interval
         };
         tokio::select! {
             _ = self.wake.notified() => {}
@@ -419,76 +578,13 @@ impl<S: Store> Dispatcher<S> {
             Some(_) = self.tasks.join_next(), if !self.tasks.is_empty() => {}
         }
     }
-
-    /// Stops claiming, lets running handlers finish within the grace period (none with a
-    /// second signal), aborts and releases the rest, and hands every lane back.
-    async fn stop(mut self, mut shutdown: watch::Receiver<Shutdown>) -> Summary {
-        self.reporter.metrics.stopping();
-        if let Some(relay) = self.wake_relay.take() {
-            relay.abort();
-        }
-        if *shutdown.borrow() != Shutdown::Running {
-            tracing::info!(
-                running = self.tasks.len(),
-                grace = %humantime::format_duration(self.options.shutdown_grace),
-                "stopping: no new claims"
-            );
-        }
-        let deadline = Instant::now() + self.options.shutdown_grace;
-        while !self.tasks.is_empty() && *shutdown.borrow() != Shutdown::Immediate {
-            tokio::select! {
-                _ = self.tasks.join_next() => {}
-                _ = tokio::time::sleep_until(deadline) => break,
-                _ = signalled(&mut shutdown, Shutdown::Immediate) => break,
-            }
-        }
-        let _ = self.cancel.send(true);
-        let mut aborted = Vec::new();
-        while let Some(done) = self.tasks.join_next().await {
-            if let Ok(Some(token)) = done {
-                aborted.push(token);
-            }
-        }
-        for task in self.background.drain(..) {
-            task.abort();
-        }
-        // The last sender of completions goes with the context; the completer then flushes
-        // what it has and ends.
-        drop(self.ctx);
-        let _ = self.completer.await;
-        let release = self.store.release(&self.options.owner, &aborted);
-        match tokio::time::timeout(RELEASE_TIMEOUT, release).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::warn!(
-                error = %format!("{e:#}"),
-                "could not hand the lanes back; they free up when the lease expires"
-            ),
-            Err(_) => tracing::warn!(
-                "handing the lanes back timed out; they free up when the lease expires"
-            ),
-        }
-        let counters = &self.reporter.counters;
-        counters
-            .released
-            .fetch_add(aborted.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        let summary = counters.summary();
-        self.reporter.stopped();
-        tracing::info!(
-            handled = summary.handled,
-            failed = summary.failed,
-            dead = summary.dead,
-            lease_lost = summary.lease_lost,
-            released = summary.released,
-            "worker stopped"
-        );
-        summary
-    }
 }
 
-/// Turns the store's wake-ups into `wake`, logging a lost subscription as it happens.
+/// Turns the store's wake-ups into a wake-up of every stream, logging a lost subscription as it
+/// happens.
 fn relay_wake_ups<S: Store>(
     store: &S,
-    wake: Arc<Notify>,
+    wakes: Vec<Arc<Notify>>,
     reporter: Arc<Reporter>,
 ) -> Option<JoinHandle<()>> {
     let mut wake_ups = store.wake_ups()?;
@@ -497,7 +593,9 @@ fn relay_wake_ups<S: Store>(
             match wake_ups.next().await {
                 WakeUp::Signal => {
                     reporter.metrics.woken();
-                    wake.notify_one();
+                    for wake in &wakes {
+                        wake.notify_one();
+                    }
                 }
                 WakeUp::Lost { error, retry_in } => tracing::warn!(
                     error = %error,

@@ -42,6 +42,27 @@ impl DispatchOptions {
         Bounds::new(Duration::ZERO, Duration::from_secs(1));
     pub const SHUTDOWN_GRACE_BOUNDS: Bounds = Bounds::UP_TO_A_DAY;
 
+    /// Claims this worker keeps in flight at once. A claim waits on the database for most of
+    /// its cycle, and the worker's own work waits for the claim: with slots for two claims of
+    /// at least `MIN_STREAM_CLAIM` each, two streams claim side by side, each on lanes of its
+    /// own (docs/design/delivery-path.md, "Two claim streams").
+    pub fn claim_streams(&self) -> usize {
+        if self.batch_size.min(self.concurrency / 2) >= Self::MIN_STREAM_CLAIM {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// The most deliveries one claim of a stream takes: the batch size, or the stream's share
+    /// of the slots when that is less.
+    pub fn claim_size(&self) -> usize {
+        self.batch_size.min(self.concurrency / self.claim_streams())
+    }
+
+    /// A second stream's claims are worth their fixed cost only when they are this large.
+    const MIN_STREAM_CLAIM: usize = 50;
+
     /// The defaults, for the worker `owner`.
     pub fn new(owner: String) -> Self {
         Self {

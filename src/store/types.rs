@@ -260,6 +260,26 @@ pub struct ClaimRequest {
     /// Deliveries of earlier claims the worker still has: running, or waiting for their
     /// completion to commit. The rest of its lanes' in-flight lists is dropped.
     pub outstanding: Vec<String>,
+    /// The lanes this claim holds and takes: a worker's claim streams each keep to their own.
+    pub lanes: LaneShare,
+}
+
+/// The lanes whose number is `index` modulo `count`: one claim stream's share of a worker's
+/// lanes. A stream alone writes the in-flight lists of its lanes, so its claims never wait for
+/// another stream's and never drop what another stream has just claimed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaneShare {
+    pub count: i16,
+    pub index: i16,
+}
+
+impl LaneShare {
+    /// Every lane: a worker with one stream.
+    pub const ALL: LaneShare = LaneShare { count: 1, index: 0 };
+
+    pub fn holds(&self, lane: i32) -> bool {
+        lane % i32::from(self.count) == i32::from(self.index)
+    }
 }
 
 /// What a claim found, beyond the deliveries.

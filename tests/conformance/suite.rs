@@ -61,6 +61,7 @@ fn request(owner: &str, handlers: &[&str]) -> ClaimRequest {
         new_lanes: 256,
         lease: Duration::from_secs(30),
         outstanding: vec![],
+        lanes: relaybus::store::LaneShare::ALL,
     }
 }
 

@@ -3,9 +3,9 @@
 -- The design note docs/design/delivery-path.md says why each part is shaped as it is.
 -- $1 owner, $2 lease in ms, $3 handlers, $4 batch size, $5 free lanes to take at most,
 -- $6 max attempts per handler (same order as $3), $7 deliveries the worker still has
--- outstanding, $8 the lane the free-lane search starts from, $9 the most deliveries a lane keeps
--- in flight.
--- params: text, float8, text[], int8, int8, int4[], text[], int2, int4
+-- outstanding, $8 where the free-lane search starts, $9 the most deliveries a lane keeps in
+-- flight; the claim holds and takes only lanes whose number is $11 modulo $10 (its stream's).
+-- params: text, float8, text[], int8, int8, int4[], text[], int2, int4, int2, int2
 WITH held AS (
   -- The lanes this worker holds under a live lease, locked (a takeover of them waits), and
   -- what each keeps in flight: what the worker still has outstanding.
@@ -13,12 +13,13 @@ WITH held AS (
          ARRAY(SELECT x FROM unnest(l.in_flight) AS x WHERE x IN (SELECT unnest($7::text[])))
            AS running
     FROM "{{schema}}"."{{prefix}}lanes" l
-   WHERE l.lease_owner = $1 AND l.lease_expires_at > now()
+   WHERE l.lease_owner = $1 AND l.lease_expires_at > now() AND l.lane % $10 = $11
    ORDER BY l.lane FOR UPDATE
 ), candidates AS (
-  -- Free or expired lanes with due work for these handlers, probed one by one from lane $8
-  -- until $5 have some; the probe follows the due index's order.
-  SELECT c.lane FROM (SELECT ((g + $8) % 256)::int2 AS lane FROM generate_series(0, 255) g) c
+  -- Free or expired lanes of the stream with due work for these handlers, probed one by one
+  -- from the $8th until $5 have some; the probe follows the due index's order.
+  SELECT c.lane FROM (SELECT ($11 + $10 * ((g + $8) % (256 / $10)))::int2 AS lane
+                        FROM generate_series(0, 256 / $10 - 1) g) c
    WHERE (SELECT true FROM "{{schema}}"."{{prefix}}lanes" l
            WHERE l.lane = c.lane AND (l.lease_owner IS NULL OR l.lease_expires_at <= now()))
      AND (SELECT true FROM "{{schema}}"."{{prefix}}deliveries" d

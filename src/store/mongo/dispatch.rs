@@ -82,6 +82,7 @@ impl MongoStore {
         let mut lanes: Vec<Lane> = all(lanes_coll.find(doc! {}).await.map_err(&failed)?)
             .await
             .map_err(&failed)?;
+        lanes.retain(|l| req.lanes.holds(l.lane));
         let mine = |l: &Lane| {
             l.live(now)
                 && l.owner.as_deref() == Some(req.owner.as_str())
@@ -763,6 +764,7 @@ pub(super) mod tests {
             new_lanes: 256,
             lease,
             outstanding: vec![],
+            lanes: crate::store::LaneShare::ALL,
         }
     }
 

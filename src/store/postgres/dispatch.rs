@@ -93,6 +93,8 @@ impl PgStore {
                     // Where the free-lane search starts, so no lane waits behind lower ones.
                     &(rand::random::<u8>() as i16),
                     &LANE_IN_FLIGHT,
+                    &req.lanes.count,
+                    &req.lanes.index,
                 ],
             )
             .await
@@ -270,7 +272,7 @@ mod tests {
             (
                 "claim",
                 &sql.claim,
-                "'w1', 30000, ARRAY['h1','h2'], 200, 8, ARRAY[25,25], ARRAY['d0000002h1'], 3, 40"
+                "'w1', 30000, ARRAY['h1','h2'], 200, 8, ARRAY[25,25], ARRAY['d0000002h1'], 3, 40, 2, 1"
                     .to_owned(),
             ),
             ("complete", &sql.complete, tokens.to_owned()),
