@@ -12,10 +12,13 @@ use crate::store::{
     ClaimRequest, ClaimStats, ClaimedDelivery, FailOutcome, Failure, LeaseToken, RawJson, Result,
 };
 
-/// The most deliveries a claim leaves in flight in one lane. A lane row stays inline in its page
-/// (a HOT update that writes no TOAST) while its list is under about 2 kB: 40 ids of 36
-/// characters, 4-byte aligned, with the row's other columns.
-const LANE_IN_FLIGHT: i32 = 40;
+/// The most deliveries a claim leaves in flight in one lane. A lane row stays inline (no TOAST)
+/// while it is under about 2 kB, and an update is HOT while the new version finds room on the
+/// lane's page, which it shares with another lane: with 30 ids of 36 characters a version is
+/// about 1.3 kB and six fit a page, so two busy lanes each keep two versions that concurrent
+/// snapshots hold back and still have room. With 40 (1.7 kB, four to a page) about one lane
+/// update in 400 went to another page.
+const LANE_IN_FLIGHT: i32 = 30;
 
 /// A jsonb value as compact JSON text, read without building a tree: the server prints
 /// `{"a": 1, "b": [2, 3]}` and handlers get `{"a":1,"b":[2,3]}`, as a parsed value printed.
