@@ -369,11 +369,11 @@ fn requeue_selects_only_dead_deliveries_and_asks_first() {
         .stdout("no dead deliveries match; nothing requeued\n");
 }
 
-/// Runs a command of `s` on a terminal (a pty from `script`, 200 columns wide), answers its
-/// question with "n", and returns what the terminal showed; the command must exit 0.
-fn answer_no_on_a_terminal(s: &TestSchema, args: &str) -> String {
+/// Runs a command of `s` on a terminal `columns` wide (a pty from `script`), with `keys` typed
+/// ahead, and returns what the terminal showed; the command must exit 0.
+fn on_a_terminal(s: &TestSchema, columns: u16, args: &str, keys: &[u8]) -> String {
     let command = format!(
-        "stty cols 200; '{}' --database-url '{}' --schema {} {args}",
+        "stty cols {columns}; '{}' --database-url '{}' --schema {} {args}",
         assert_cmd::cargo::cargo_bin("relaybus").display(),
         crate::common::database_url(),
         s.name
@@ -384,11 +384,101 @@ fn answer_no_on_a_terminal(s: &TestSchema, args: &str) -> String {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Typed ahead, the key waits in the terminal until the prompt reads it.
-    std::io::Write::write_all(script.stdin.as_mut().unwrap(), b"n").unwrap();
+    // Typed ahead, keys wait in the terminal until a prompt reads them.
+    std::io::Write::write_all(script.stdin.as_mut().unwrap(), keys).unwrap();
     let out = crate::common::finish(script, Duration::from_secs(30));
     assert_eq!(out.status.code(), Some(0));
     String::from_utf8_lossy(&out.stdout).replace('\r', "")
+}
+
+/// Runs a command of `s` on a 200-column terminal and answers its question with "n".
+fn answer_no_on_a_terminal(s: &TestSchema, args: &str) -> String {
+    on_a_terminal(s, 200, args, b"n")
+}
+
+/// On an 80-column terminal every listing fits, with long errors, keys and CJK text cut to the
+/// width and ids kept whole: no line is wider than the terminal, and every row is there.
+#[test]
+fn listings_fit_an_80_column_terminal() {
+    let s = TestSchema::installed("admin_80_columns");
+    let long_key = format!("customer-{}-鍵キー", "x".repeat(60));
+    s.publish(&[
+        json!({"id": "e1", "type": "order.paid.with.a.long.type.name", "key": long_key, "handlers": ["billing", "crm"]}),
+        json!({"id": "e2", "type": "user.new", "key": "héllo-ключ-鍵", "handlers": ["billing"]}),
+        json!({"id": "e3", "type": "user.new", "handlers": ["billing"]}),
+    ]);
+    bury(
+        &s,
+        "billing",
+        &format!("HTTP 503 {}", "upstream timed out ".repeat(10)),
+    );
+    let ids = s.rows(&format!(
+        "SELECT id FROM {} ORDER BY id",
+        s.table("deliveries")
+    ));
+    // What the terminal showed: the lines, and their first columns split on spaces.
+    let shown = |args: &str, columns: usize| -> (String, Vec<Vec<String>>) {
+        let text = on_a_terminal(&s, 80, args, b"");
+        let too_wide: Vec<&str> = text
+            .lines()
+            .filter(|l| unicode_width::UnicodeWidthStr::width(*l) > 80)
+            .collect();
+        assert_eq!(too_wide, Vec::<&str>::new(), "{args}:\n{text}");
+        let cells = text
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(|l| {
+                l.split_whitespace()
+                    .take(columns)
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .collect();
+        (text, cells)
+    };
+    let tail = |id: &String| format!("…{}", &id[id.len() - 12..]);
+    let (text, rows) = shown("dead list", 3);
+    assert_eq!(
+        rows,
+        [
+            vec!["ID".to_owned(), "EVENT".into(), "HANDLER".into()],
+            vec![tail(&ids[0]), "e1".into(), "billing".into()],
+            vec![tail(&ids[2]), "e2".into(), "billing".into()],
+            vec![tail(&ids[3]), "e3".into(), "billing".into()],
+        ],
+        "{text}"
+    );
+    assert!(text.contains(" customer-xxxx… "), "{text}");
+    assert!(text.contains(" héllo-ключ-鍵 "), "{text}");
+    assert!(text.contains(" exit 65: HTT…\n"), "{text}");
+    let (text, rows) = shown("deliveries list", 4);
+    let row = |i: usize, event: &str, handler: &str, status: &str| {
+        vec![tail(&ids[i]), event.into(), handler.into(), status.into()]
+    };
+    assert_eq!(
+        rows[1..],
+        [
+            row(0, "e1", "billing", "dead"),
+            row(1, "e1", "crm", "pending"),
+            row(2, "e2", "billing", "dead"),
+            row(3, "e3", "billing", "dead"),
+        ],
+        "{text}"
+    );
+    let (text, rows) = shown("stats", 2);
+    assert_eq!(
+        rows,
+        [
+            ["HANDLER", "DUE"],
+            ["billing", "0"],
+            ["crm", "1"],
+            ["TOTAL", "1"]
+        ],
+        "{text}"
+    );
+    let (text, rows) = shown("lanes", 1);
+    assert_eq!(rows.len(), 3, "{text}");
+    assert_eq!(rows[0], ["LANE"], "{text}");
 }
 
 /// The two rows of deliveries a confirmation showed after "for instance:" and the table's

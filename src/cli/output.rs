@@ -63,9 +63,8 @@ impl Output {
         bar
     }
 
-    /// A table with aligned columns and no borders, a row per line. On a terminal the last
-    /// column (the free text: an error, a query) is cut to what the terminal's width leaves it;
-    /// into a pipe nothing is cut.
+    /// A table with aligned columns and no borders, a row per line. On a terminal the widest
+    /// cells are cut until the table fits the terminal's width; into a pipe nothing is cut.
     pub fn table(&self, headers: &[&str], rows: &[Vec<String>]) -> Result<()> {
         let mut table = comfy_table::Table::new();
         table
@@ -73,7 +72,7 @@ impl Output {
             .set_content_arrangement(comfy_table::ContentArrangement::Disabled);
         let width = if self.terminal() { table.width() } else { None };
         let rows = match width {
-            Some(width) => fit_last_column(headers, rows, usize::from(width)),
+            Some(width) => fit_columns(headers, rows, usize::from(width)),
             None => rows.to_vec(),
         };
         table.set_header(headers.iter().copied());
@@ -122,40 +121,53 @@ pub(super) fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-/// Cuts the last column's cells to the width the other columns leave of `width` (8 at least),
-/// by display width, so wide (CJK) characters count twice.
-fn fit_last_column(headers: &[&str], rows: &[Vec<String>], width: usize) -> Vec<Vec<String>> {
-    let last = headers.len().saturating_sub(1);
-    let used: usize = (0..last)
-        .map(|i| {
+/// Cuts cells so that the table fits `width`: the widest column is narrowed first, one column
+/// at a time, down to its header's width (8 at least); a cut cell ends in "…". The first column
+/// names the row and is never cut. Widths are display widths, so wide (CJK) characters count
+/// twice.
+fn fit_columns(headers: &[&str], rows: &[Vec<String>], width: usize) -> Vec<Vec<String>> {
+    let floor: Vec<usize> = headers.iter().map(|h| h.width().max(8)).collect();
+    let mut widths: Vec<usize> = headers
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
             rows.iter()
                 .filter_map(|r| r.get(i))
                 .map(|c| c.width())
-                .chain([headers[i].width()])
+                .chain([h.width()])
                 .max()
                 .unwrap_or(0)
-                + 2
         })
-        .sum();
-    let room = width.saturating_sub(used + 1).max(8);
+        .collect();
+    // Two spaces between columns.
+    let gaps = 2 * headers.len().saturating_sub(1);
+    while widths.iter().sum::<usize>() + gaps > width {
+        let Some(widest) = (1..widths.len())
+            .filter(|&i| widths[i] > floor[i])
+            .max_by_key(|&i| (widths[i], i))
+        else {
+            break;
+        };
+        widths[widest] -= 1;
+    }
     rows.iter()
-        .map(|r| {
-            let mut r = r.clone();
-            if let Some(text) = r.get_mut(last) {
-                if text.width() > room {
-                    let mut cut = String::new();
-                    for c in text.chars() {
-                        if cut.width() + c.width().unwrap_or(0) + 1 > room {
-                            break;
-                        }
-                        cut.push(c);
-                    }
-                    *text = cut + "…";
-                }
-            }
-            r
-        })
+        .map(|r| r.iter().zip(&widths).map(|(c, &w)| cut(c, w)).collect())
         .collect()
+}
+
+/// `text` cut to `width` columns, ending in "…" when cut.
+fn cut(text: &str, width: usize) -> String {
+    if text.width() <= width {
+        return text.to_owned();
+    }
+    let mut cut = String::new();
+    for c in text.chars() {
+        if cut.width() + c.width().unwrap_or(0) + 1 > width {
+            break;
+        }
+        cut.push(c);
+    }
+    cut + "…"
 }
 
 /// An id as a table shows it: whole, or on a terminal its last 12 characters (the random part of
