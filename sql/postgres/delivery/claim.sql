@@ -6,14 +6,23 @@
 -- outstanding, $8 where the free-lane search starts, $9 the most deliveries a lane keeps in
 -- flight; the claim holds and takes only lanes whose number is $11 modulo $10 (its stream's).
 -- params: text, float8, text[], int8, int8, int4[], text[], int2, int4, int2, int2
-WITH held AS (
-  -- The lanes this worker holds under a live lease, locked (a takeover of them waits), and
-  -- what each keeps in flight: what the worker still has outstanding.
+WITH owned AS (
+  -- The lanes of the stream this worker holds under a live lease that have room for another
+  -- delivery, as the snapshot shows them: a lane that runs $9 is neither picked from nor
+  -- written, so it is not locked either (a row lock is a write).
+  SELECT l.lane FROM "{{schema}}"."{{prefix}}lanes" l
+   WHERE l.lease_owner = $1 AND l.lease_expires_at > now() AND l.lane % $10 = $11
+     AND (SELECT count(*) FROM unnest(l.in_flight) AS x
+           WHERE x IN (SELECT unnest($7::text[]))) < $9
+), held AS (
+  -- Those lanes, locked (a takeover of them waits), and what each keeps in flight: what the
+  -- worker still has outstanding.
   SELECT l.lane, l.epoch, l.in_flight,
          ARRAY(SELECT x FROM unnest(l.in_flight) AS x WHERE x IN (SELECT unnest($7::text[])))
            AS running
     FROM "{{schema}}"."{{prefix}}lanes" l
-   WHERE l.lease_owner = $1 AND l.lease_expires_at > now() AND l.lane % $10 = $11
+   WHERE l.lane = ANY (ARRAY(SELECT lane FROM owned))
+     AND l.lease_owner = $1 AND l.lease_expires_at > now()
    ORDER BY l.lane FOR UPDATE
 ), candidates AS (
   -- Free or expired lanes of the stream with due work for these handlers, probed one by one
