@@ -208,7 +208,8 @@ pub(crate) fn print_deliveries(
             row
         })
         .collect();
-    out.table(&headers, &table)?;
+    // The delivery's and its event's ids.
+    out.table_keeping(2, &headers, &table)?;
     if let Some(after) = next_after {
         eprintln!("showing the first {limit}; the next page: --after {after}");
     }

@@ -64,15 +64,21 @@ impl Output {
     }
 
     /// A table with aligned columns and no borders, a row per line. On a terminal the widest
-    /// cells are cut until the table fits the terminal's width; into a pipe nothing is cut.
+    /// cells are cut until the table fits the terminal's width, except in the first column,
+    /// which names the row; into a pipe nothing is cut.
     pub fn table(&self, headers: &[&str], rows: &[Vec<String>]) -> Result<()> {
+        self.table_keeping(1, headers, rows)
+    }
+
+    /// A table whose first `kept` columns (ids) are never cut.
+    pub fn table_keeping(&self, kept: usize, headers: &[&str], rows: &[Vec<String>]) -> Result<()> {
         let mut table = comfy_table::Table::new();
         table
             .load_preset(comfy_table::presets::NOTHING)
             .set_content_arrangement(comfy_table::ContentArrangement::Disabled);
         let width = if self.terminal() { table.width() } else { None };
         let rows = match width {
-            Some(width) => fit_columns(headers, rows, usize::from(width)),
+            Some(width) => fit_columns(kept, headers, rows, usize::from(width)),
             None => rows.to_vec(),
         };
         table.set_header(headers.iter().copied());
@@ -121,12 +127,18 @@ pub(super) fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-/// Cuts cells so that the table fits `width`: the widest column is narrowed first, one column
-/// at a time, down to its header's width (8 at least); a cut cell ends in "…". The first column
-/// names the row and is never cut. Widths are display widths, so wide (CJK) characters count
-/// twice.
-fn fit_columns(headers: &[&str], rows: &[Vec<String>], width: usize) -> Vec<Vec<String>> {
-    let floor: Vec<usize> = headers.iter().map(|h| h.width().max(8)).collect();
+/// Cuts cells so that the table fits `width`, the widest column first, one column at a time:
+/// first only columns of long text (wider than `LONG`: errors, keys, types), down to their
+/// header's width (6 at least); then, when that is not enough, any column down to its header's
+/// width. A cut cell ends in "…". The first `kept` columns are never cut. Widths are display
+/// widths, so wide (CJK) characters count twice.
+fn fit_columns(
+    kept: usize,
+    headers: &[&str],
+    rows: &[Vec<String>],
+    width: usize,
+) -> Vec<Vec<String>> {
+    const LONG: usize = 12;
     let mut widths: Vec<usize> = headers
         .iter()
         .enumerate()
@@ -141,14 +153,22 @@ fn fit_columns(headers: &[&str], rows: &[Vec<String>], width: usize) -> Vec<Vec<
         .collect();
     // Two spaces between columns.
     let gaps = 2 * headers.len().saturating_sub(1);
-    while widths.iter().sum::<usize>() + gaps > width {
-        let Some(widest) = (1..widths.len())
-            .filter(|&i| widths[i] > floor[i])
-            .max_by_key(|&i| (widths[i], i))
-        else {
-            break;
-        };
-        widths[widest] -= 1;
+    let long_text: Vec<usize> = headers
+        .iter()
+        .zip(&widths)
+        .map(|(h, &w)| if w > LONG { h.width().max(6) } else { w })
+        .collect();
+    let any = headers.iter().map(|h| h.width()).collect();
+    for floor in [long_text, any] {
+        while widths.iter().sum::<usize>() + gaps > width {
+            let Some(widest) = (kept..widths.len())
+                .filter(|&i| widths[i] > floor[i])
+                .max_by_key(|&i| (widths[i], i))
+            else {
+                break;
+            };
+            widths[widest] -= 1;
+        }
     }
     rows.iter()
         .map(|r| r.iter().zip(&widths).map(|(c, &w)| cut(c, w)).collect())
