@@ -47,6 +47,27 @@ pub struct PurgeArgs {
     pub yes: bool,
 }
 
+/// The kinds of rows that go, without those of which none go: the question fits a terminal's
+/// line in the common case.
+fn what_goes(c: &PurgeCounts) -> String {
+    let kinds = [
+        (c.dead, "dead deliveries"),
+        (c.completed, "completed deliveries"),
+        (c.history, "completion history entries"),
+        (c.events, "events"),
+    ];
+    let named: Vec<String> = kinds
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, kind)| format!("{n} {kind}"))
+        .collect();
+    match named.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+        None => "nothing".into(),
+    }
+}
+
 fn describe(c: &PurgeCounts) -> String {
     format!(
         "{} dead deliveries, {} completed deliveries, {} completion history entries, {} events",
@@ -98,7 +119,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: PurgeArgs) -> Result
         })
         .await?;
     }
-    if !confirm(&format!("Delete {}?", describe(&planned)), args.yes)? {
+    if !confirm(&format!("Delete {}?", what_goes(&planned)), args.yes)? {
         return declined();
     }
     let total = planned.dead + planned.completed + planned.history + planned.events;
@@ -115,4 +136,29 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: PurgeArgs) -> Result
         out.line(format!("deleted {}", describe(&deleted)))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::what_goes;
+    use crate::store::PurgeCounts;
+
+    #[test]
+    fn the_question_names_only_what_goes() {
+        let counts = |dead, completed, history, events| PurgeCounts {
+            dead,
+            completed,
+            history,
+            events,
+        };
+        assert_eq!(
+            what_goes(&counts(100_000, 0, 0, 0)),
+            "100000 dead deliveries"
+        );
+        assert_eq!(
+            what_goes(&counts(2, 0, 1, 2)),
+            "2 dead deliveries, 1 completion history entries and 2 events"
+        );
+        assert_eq!(what_goes(&counts(0, 3, 0, 0)), "3 completed deliveries");
+    }
 }
