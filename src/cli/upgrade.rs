@@ -154,11 +154,12 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Resu
         Engine::Postgres => "pg_dump",
         Engine::Mongo => "mongodump",
     };
-    let question = format!(
-        "Convert {} from 0.1 to 0.2 in place? There is no down migration: take a backup first \
-         ({backup}).",
-        ns.place()
-    );
+    // The warning goes on a line of its own, so that the question fits a terminal's line: a
+    // wrapped prompt is redrawn only in part once answered.
+    if !args.yes {
+        eprintln!("There is no down migration: take a backup first ({backup}).");
+    }
+    let question = format!("Convert {} from 0.1 to 0.2 in place?", ns.place());
     if !confirm(&question, args.yes)? {
         return declined();
     }
