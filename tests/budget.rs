@@ -58,6 +58,43 @@ fn a_single_publish_is_one_statement_parsed_once() {
     );
 }
 
+/// A batch of new events is one statement. One that holds an event published before fails in
+/// it on the events' key and runs the republish statement, which the batches after it take
+/// until one holds no event published before; the batch after that is one statement again.
+#[test]
+fn a_republish_costs_one_failed_statement_once() {
+    let s = TestSchema::installed("budget_republish");
+    let store = store(&s);
+    let publish = |events: &[NewEvent]| runtime().block_on(store.publish(events)).unwrap().len();
+    assert_eq!(publish(&[event(0), event(1)]), 2);
+    assert_eq!(store.client_counts(), counts(1, 1));
+    assert_eq!(publish(&[event(1), event(2)]), 1, "event 1 adds nothing");
+    assert_eq!(
+        store.client_counts(),
+        counts(3, 2),
+        "failed, then republished"
+    );
+    assert_eq!(publish(&[event(2), event(3)]), 1);
+    assert_eq!(store.client_counts(), counts(4, 2), "republished at once");
+    assert_eq!(publish(&[event(4)]), 1);
+    assert_eq!(
+        store.client_counts(),
+        counts(5, 2),
+        "republish statement, finding none"
+    );
+    assert_eq!(publish(&[event(5)]), 1);
+    assert_eq!(store.client_counts(), counts(6, 2), "new events at once");
+    let rows = s.query(&format!(
+        "SELECT (SELECT string_agg(id, ',' ORDER BY id) FROM {}), \
+                (SELECT string_agg(event_id, ',' ORDER BY event_id) FROM {})",
+        s.table("events"),
+        s.table("deliveries")
+    ));
+    let (events, deliveries): (String, String) = (rows[0].get(0), rows[0].get(1));
+    assert_eq!(events, "e0,e1,e2,e3,e4,e5");
+    assert_eq!(deliveries, "e0,e1,e2,e3,e4,e5");
+}
+
 /// WAL written by one published event, full-page images left out (they depend on the
 /// checkpoint cycle, not on the code): 955 bytes, under the seed's 1,475 (1,051 while new
 /// events were inserted with ON CONFLICT, whose speculative insertions log a confirmation per

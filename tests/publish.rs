@@ -437,9 +437,10 @@ fn a_failing_line_is_named_with_what_was_committed_before_it() {
     );
 }
 
-/// A publish inserts events it did not find without ON CONFLICT; one that loses the race to a
-/// concurrent publish of the same id fails on the key and runs again, seeing the other's rows.
-/// The other publish here is a transaction held open until the publish waits on its key.
+/// A publish inserts new events without ON CONFLICT; one that loses the race to a concurrent
+/// publish of the same id fails on the key and runs the republish statement, which sees the
+/// other's rows. The other publish here is a transaction held open until the publish waits on
+/// its key.
 #[test]
 fn a_publish_that_races_another_for_an_id_runs_again_and_adds_only_new_handlers() {
     let s = TestSchema::installed("publish_race");
@@ -478,7 +479,7 @@ fn a_publish_that_races_another_for_an_id_runs_again_and_adds_only_new_handlers(
         || {
             s.count(
                 "SELECT count(*) FROM pg_stat_activity \
-              WHERE wait_event_type = 'Lock' AND query LIKE '-- Publish:%'",
+              WHERE wait_event_type = 'Lock' AND query LIKE '-- Publish of a batch whose events are all new%'",
             ) == 1
         },
     );

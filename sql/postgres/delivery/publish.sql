@@ -1,5 +1,6 @@
--- Publish: one statement per batch reserves key sequences, inserts events and inserts
--- deliveries, so a batch is atomic without BEGIN/COMMIT. An event published before with other
+-- Publish of a batch that holds events published before (publish_new.sql takes the others):
+-- one statement reserves key sequences, inserts events and inserts deliveries, so a batch is
+-- atomic without BEGIN/COMMIT. An event published before with other
 -- content (type, key, payload or headers) writes nothing of the batch and is returned in the
 -- last column instead.
 -- $1..$5 the events as parallel arrays (id, type, key, payload, headers); $6..$10 one row per

@@ -17,6 +17,7 @@ mod statement;
 mod testing;
 mod wake;
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +36,9 @@ pub(crate) struct PgStore {
     sql: Arc<Statements>,
     notifier: Arc<Notifier>,
     lock_timeout: Duration,
+    /// Set when a batch held an event published before, cleared by a batch that held none:
+    /// while set, batches skip `publish_new.sql`, whose failure on a republish the server logs.
+    republishing: AtomicBool,
 }
 
 impl PgStore {
@@ -50,6 +54,7 @@ impl PgStore {
                 options.notify,
             ),
             lock_timeout: options.lock_timeout,
+            republishing: AtomicBool::new(false),
             sql,
             ns,
             pool,

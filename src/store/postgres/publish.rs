@@ -1,11 +1,15 @@
-//! Publishing: one statement per batch (`sql/postgres/delivery/publish.sql`) reserves key
-//! sequences, inserts events and inserts deliveries, so a batch is atomic without an explicit
-//! transaction (one round trip, no BEGIN or COMMIT). The text never changes, so each connection
-//! parses it once.
+//! Publishing: one statement per batch reserves key sequences, inserts events and inserts
+//! deliveries, so a batch is atomic without an explicit transaction (one round trip, no BEGIN
+//! or COMMIT). A batch of new events takes `publish_new.sql`, which does not look for earlier
+//! publishes; one with an event published before makes it fail on the events' key and takes
+//! `publish.sql`, as do the batches after it until one holds no republished event. Each
+//! connection parses each text once.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 
 use super::conn::db;
 use super::PgStore;
@@ -14,6 +18,8 @@ use crate::store::{NewEvent, PublishedDelivery, Result, StoreError, CONFLICT_WIT
 
 /// How often a batch runs again after losing a race with a concurrent publish of one of its ids.
 const RACE_RETRIES: usize = 3;
+
+const NOTHING_WRITTEN: &str = "could not publish the batch; nothing of it was written";
 
 /// What a concurrent publish of the same ids makes the statement fail with: a unique key (both
 /// inserted the event), a foreign key (the event was purged as it was extended) or a deadlock
@@ -65,55 +71,63 @@ impl PgStore {
             payloads.push(&e.payload);
             headers.push(serde_json::Value::Object(e.headers.clone()));
         }
+        let params: [&(dyn ToSql + Sync); 12] = [
+            &ids,
+            &types,
+            &keys,
+            &payloads,
+            &headers,
+            &d_events,
+            &d_handlers,
+            &d_ids,
+            &d_lanes,
+            &d_keys,
+            &first,
+            &last,
+        ];
         let mut conn = self.pool.get().await?;
-        let mut attempt = 0;
-        let row = loop {
-            attempt += 1;
-            let result = conn
-                .query(
-                    &self.sql.publish,
-                    &[
-                        &ids,
-                        &types,
-                        &keys,
-                        &payloads,
-                        &headers,
-                        &d_events,
-                        &d_handlers,
-                        &d_ids,
-                        &d_lanes,
-                        &d_keys,
-                        &first,
-                        &last,
-                    ],
-                )
-                .await;
-            match result {
-                Err(e) if attempt <= RACE_RETRIES && lost_race(&e) => continue,
-                result => {
-                    break result
-                        .map_err(db("could not publish the batch; nothing of it was written"))?
-                        .remove(0)
+        let all_new = !self.republishing.load(Ordering::Relaxed)
+            && match conn.execute(&self.sql.publish_new, &params).await {
+                Ok(_) => true,
+                Err(e) if lost_race(&e) => {
+                    self.republishing.store(true, Ordering::Relaxed);
+                    false
                 }
+                Err(e) => return Err(db(NOTHING_WRITTEN)(e)),
+            };
+        let (republished, added) = if all_new {
+            (HashSet::new(), HashSet::new())
+        } else {
+            let mut attempt = 0;
+            let row = loop {
+                attempt += 1;
+                match conn.query(&self.sql.publish, &params).await {
+                    Err(e) if attempt <= RACE_RETRIES && lost_race(&e) => continue,
+                    result => break result.map_err(db(NOTHING_WRITTEN))?.remove(0),
+                }
+            };
+            if let Some(id) = row
+                .get::<_, Option<Vec<String>>>(2)
+                .and_then(|c| c.into_iter().next())
+            {
+                return Err(StoreError::ConflictingEvent {
+                    id,
+                    why: CONFLICT_WITH_STORED,
+                });
             }
+            let ids_in = |column| -> HashSet<String> {
+                row.get::<_, Option<Vec<_>>>(column)
+                    .into_iter()
+                    .flatten()
+                    .collect()
+            };
+            let republished = ids_in(0);
+            if republished.is_empty() {
+                self.republishing.store(false, Ordering::Relaxed);
+            }
+            (republished, ids_in(1))
         };
         drop(conn);
-        if let Some(id) = row
-            .get::<_, Option<Vec<String>>>(2)
-            .and_then(|c| c.into_iter().next())
-        {
-            return Err(StoreError::ConflictingEvent {
-                id,
-                why: CONFLICT_WITH_STORED,
-            });
-        }
-        let ids_in = |column| -> HashSet<String> {
-            row.get::<_, Option<Vec<_>>>(column)
-                .into_iter()
-                .flatten()
-                .collect()
-        };
-        let (republished, added) = (ids_in(0), ids_in(1));
         let published: Vec<PublishedDelivery> = d_ids
             .into_iter()
             .enumerate()

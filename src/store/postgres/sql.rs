@@ -88,6 +88,7 @@ macro_rules! statements {
 }
 
 statements! {
+    publish_new => "delivery/publish_new",
     publish => "delivery/publish",
     notify => "delivery/notify",
     claim => "delivery/claim",
