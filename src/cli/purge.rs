@@ -47,8 +47,8 @@ pub struct PurgeArgs {
     pub yes: bool,
 }
 
-/// The kinds of rows that go, without those of which none go: the question fits a terminal's
-/// line in the common case.
+/// The kinds of rows that go, without those of which none go: the question and the summary fit a
+/// terminal's line in the common case.
 fn what_goes(c: &PurgeCounts) -> String {
     let kinds = [
         (c.dead, "dead deliveries"),
@@ -66,13 +66,6 @@ fn what_goes(c: &PurgeCounts) -> String {
         Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
         None => "nothing".into(),
     }
-}
-
-fn describe(c: &PurgeCounts) -> String {
-    format!(
-        "{} dead deliveries, {} completed deliveries, {} completion history entries, {} events",
-        c.dead, c.completed, c.history, c.events
-    )
 }
 
 pub(super) async fn run(g: &GlobalArgs, out: &Output, args: PurgeArgs) -> Result<ExitCode> {
@@ -93,7 +86,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: PurgeArgs) -> Result
         } else {
             out.line(format!(
                 "would delete {}; dry run, nothing deleted",
-                describe(&planned)
+                what_goes(&planned)
             ))?;
         }
         return Ok(ExitCode::SUCCESS);
@@ -133,7 +126,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: PurgeArgs) -> Result
     if out.json {
         out.print_json(&json!({"dry_run": false, "deleted": deleted}))?;
     } else {
-        out.line(format!("deleted {}", describe(&deleted)))?;
+        out.line(format!("deleted {}", what_goes(&deleted)))?;
     }
     Ok(ExitCode::SUCCESS)
 }
