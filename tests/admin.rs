@@ -5,7 +5,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::common::{
-    finish, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, TestSchema,
+    finish, on_a_terminal, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until,
+    TestSchema,
 };
 
 fn json_out(s: &TestSchema, args: &[&str]) -> Value {
@@ -367,28 +368,6 @@ fn requeue_selects_only_dead_deliveries_and_asks_first() {
         .assert()
         .success()
         .stdout("no dead deliveries match; nothing requeued\n");
-}
-
-/// Runs a command of `s` on a terminal `columns` wide (a pty from `script`), with `keys` typed
-/// ahead, and returns what the terminal showed; the command must exit 0.
-fn on_a_terminal(s: &TestSchema, columns: u16, args: &str, keys: &[u8]) -> String {
-    let command = format!(
-        "stty cols {columns}; '{}' --database-url '{}' --schema {} {args}",
-        assert_cmd::cargo::cargo_bin("relaybus").display(),
-        crate::common::database_url(),
-        s.name
-    );
-    let mut script = std::process::Command::new("script")
-        .args(["-qec", &command, "/dev/null"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Typed ahead, keys wait in the terminal until a prompt reads them.
-    std::io::Write::write_all(script.stdin.as_mut().unwrap(), keys).unwrap();
-    let out = crate::common::finish(script, Duration::from_secs(30));
-    assert_eq!(out.status.code(), Some(0));
-    String::from_utf8_lossy(&out.stdout).replace('\r', "")
 }
 
 /// Runs a command of `s` on a 200-column terminal and answers its question with "n".

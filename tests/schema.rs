@@ -1,6 +1,6 @@
 //! setup, schema-sql and upgrade against the real server.
 
-use crate::common::{stderr, stdout, TestSchema};
+use crate::common::{on_a_terminal, stderr, stdout, TestSchema};
 
 /// The catalog of a schema: tables, columns, indexes, constraints and storage options.
 fn catalog(s: &TestSchema) -> Vec<String> {
@@ -383,6 +383,39 @@ fn upgrade_reports_the_rows_each_step_has_rewritten_as_it_goes() {
         s.table("events")
     ));
     assert_converted(&s);
+}
+
+/// On an 80-column terminal the upgrade plan is wrapped between words, continuation lines
+/// indented under their item: no line is wider than the terminal, and joined up again the lines
+/// say word for word what the plan says on one line each when stdout is not a terminal.
+#[test]
+fn an_upgrade_plan_on_an_80_column_terminal_wraps_between_words() {
+    let s = TestSchema::with_fixture_0_1("upgrade_80_columns");
+    let piped = s.cmd().args(["upgrade", "--dry-run"]).assert().success();
+    let piped = stdout(piped.get_output());
+    assert!(piped.lines().any(|l| l.len() > 200), "{piped}");
+    let shown = on_a_terminal(&s, 80, "upgrade --dry-run", b"");
+    let too_wide: Vec<&str> = shown.lines().filter(|l| l.chars().count() > 80).collect();
+    assert!(too_wide.is_empty(), "{too_wide:#?}");
+    let mut joined: Vec<String> = Vec::new();
+    for line in shown.lines() {
+        let item = line
+            .trim_start()
+            .split_once(". ")
+            .is_some_and(|(n, _)| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+        match joined.last_mut() {
+            Some(last) if line.starts_with(' ') && !item => {
+                last.push(' ');
+                last.push_str(line.trim_start());
+            }
+            _ => joined.push(line.to_owned()),
+        }
+    }
+    assert_eq!(joined.join("\n"), piped.trim_end());
+    assert!(
+        shown.lines().count() > piped.lines().count() + 10,
+        "{shown}"
+    );
 }
 
 /// The conversion finds 0.1 indexes by what they are, not by what they are called: renamed ones

@@ -23,6 +23,20 @@ impl Output {
         Ok(())
     }
 
+    /// Writes a paragraph of result. On a terminal it is wrapped between words to the
+    /// terminal's width, continuation lines indented by `indent`; elsewhere it stays one line,
+    /// for scripts that read lines.
+    pub fn paragraph(&self, text: impl AsRef<str>, indent: usize) -> Result<()> {
+        if !self.terminal() {
+            return self.line(text);
+        }
+        let indent = " ".repeat(indent);
+        let options = textwrap::Options::with_termwidth()
+            .subsequent_indent(&indent)
+            .wrap_algorithm(textwrap::WrapAlgorithm::FirstFit);
+        self.line(textwrap::fill(text.as_ref(), options))
+    }
+
     pub fn print_json(&self, value: &impl Serialize) -> Result<()> {
         // Rendered first, so a closed pipe shows as the I/O error it is.
         let text = serde_json::to_string_pretty(value)?;

@@ -83,20 +83,22 @@ fn locks(engine: Engine, ns: &Namespace, counts: &UpgradeCounts) -> (String, Opt
 fn print_plan(out: &Output, plan: &UpgradePlan) -> Result<()> {
     let c = &plan.counts;
     out.line(format!("found: schema {}", plan.found.describe()))?;
-    out.line(format!(
-        "rows: {} events, {} deliveries ({} pending, {} processing -> pending, {} completed kept, {} dead)",
-        c.events, c.deliveries, c.pending, c.processing, c.completed, c.dead
-    ))?;
+    out.paragraph(
+        format!(
+            "rows: {} events, {} deliveries ({} pending, {} processing -> pending, {} completed \
+             kept, {} dead)",
+            c.events, c.deliveries, c.pending, c.processing, c.completed, c.dead
+        ),
+        2,
+    )?;
     out.line("steps:")?;
     for (i, s) in plan.steps.iter().enumerate() {
         let rows = s.rows.map(|r| format!(" [{r} rows]")).unwrap_or_default();
-        out.line(format!(
-            "  {}. {}: {}{}",
-            i + 1,
-            s.name,
-            s.description,
-            rows
-        ))?;
+        let number = format!("  {}. ", i + 1);
+        out.paragraph(
+            format!("{number}{}: {}{}", s.name, s.description, rows),
+            number.len(),
+        )?;
     }
     if plan.live_leases.count > 0 {
         out.line(format!(
@@ -132,7 +134,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Resu
     let (locks, hold) = locks(store.engine(), &ns, &plan.counts);
     if !out.json {
         print_plan(out, &plan)?;
-        out.line(format!("locks: {locks}"))?;
+        out.paragraph(format!("locks: {locks}"), 2)?;
     }
     if args.dry_run {
         let script = args

@@ -250,6 +250,28 @@ impl Drop for Spawned {
     }
 }
 
+/// Runs a command of `s` on a terminal `columns` wide (a pty from `script`), with `keys` typed
+/// ahead, and returns what the terminal showed; the command must exit 0.
+pub fn on_a_terminal(s: &TestSchema, columns: u16, args: &str, keys: &[u8]) -> String {
+    let command = format!(
+        "stty cols {columns}; '{}' --database-url '{}' --schema {} {args}",
+        assert_cmd::cargo::cargo_bin("relaybus").display(),
+        database_url(),
+        s.name
+    );
+    let mut script = StdCommand::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Typed ahead, keys wait in the terminal until a prompt reads them.
+    std::io::Write::write_all(script.stdin.as_mut().unwrap(), keys).unwrap();
+    let out = finish(script, Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(0));
+    String::from_utf8_lossy(&out.stdout).replace('\r', "")
+}
+
 /// Waits for a spawned child, at most `timeout`: on timeout it is killed and the test fails.
 pub fn finish(child: impl Into<Spawned>, timeout: Duration) -> Output {
     let mut spawned = child.into();
