@@ -1,8 +1,8 @@
 -- Publish of a batch that holds events published before (publish_new.sql takes the others):
--- one statement reserves key sequences, inserts events and inserts deliveries, so a batch is
--- atomic without BEGIN/COMMIT. An event published before with other
--- content (type, key, payload or headers) writes nothing of the batch and is returned in the
--- last column instead.
+-- one statement reserves key sequences (fragments/reserve_keys.sql), inserts events and
+-- inserts deliveries, so a batch is atomic without BEGIN/COMMIT. An event published before
+-- with other content (type, key, payload or headers) writes nothing of the batch and is
+-- returned in the last column instead.
 -- $1..$5 the events as parallel arrays (id, type, key, payload, headers); $6..$10 one row per
 -- (event, handler), grouped by event in event order: event id, handler, delivery id, lane,
 -- key; $11, $12 where each event's handlers lie in $7 (first and last index).
@@ -31,19 +31,7 @@ WITH prior AS MATERIALIZED (
      AND NOT EXISTS (SELECT 1 FROM conflicts)
 ), keyed AS (
   SELECT event_id, key, min(ord) AS ord FROM fresh WHERE key IS NOT NULL GROUP BY event_id, key
-), reserved AS (
-  -- One upsert per key, in key order (two batches cannot deadlock); its row lock is held
-  -- until commit, so sequence order is commit order per key.
-  INSERT INTO "{{schema}}"."{{prefix}}key_sequences" AS s (key, last_sequence)
-  SELECT key, count(*) FROM keyed GROUP BY key ORDER BY key
-  ON CONFLICT (key) DO UPDATE SET last_sequence = s.last_sequence + excluded.last_sequence
-  RETURNING s.key, s.last_sequence
-), numbered AS (
-  SELECT k.event_id,
-         r.last_sequence - count(*) OVER w + row_number() OVER (w ORDER BY k.ord) AS sequence
-    FROM keyed k JOIN reserved r ON r.key = k.key
-  WINDOW w AS (PARTITION BY k.key)
-), events_inserted AS (
+), {{reserve_keys}}, events_inserted AS (
   INSERT INTO "{{schema}}"."{{prefix}}events" (id, type, key, payload, headers, handlers)
   SELECT ev.id, ev.type, ev.key, ev.payload, ev.headers, $7[ev.first:ev.last]
     FROM unnest($1::text[], $2::text[], $3::text[], $4::jsonb[], $5::jsonb[], $11::int4[], $12::int4[])

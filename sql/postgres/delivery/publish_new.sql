@@ -1,5 +1,5 @@
--- Publish of a batch whose events are all new to the store: reserve key sequences, insert
--- events, insert deliveries, in one statement (atomic without BEGIN/COMMIT). It does not look
+-- Publish of a batch whose events are all new to the store: reserve key sequences (the
+-- fragment fragments/reserve_keys.sql), insert events, insert deliveries, in one statement (atomic without BEGIN/COMMIT). It does not look
 -- for earlier publishes: an event published before makes it fail on the events' primary key,
 -- having written nothing, and the caller runs `publish.sql`, which handles republishes.
 -- $1..$5 the events as parallel arrays (id, type, key, payload, headers); $6..$10 one row per
@@ -16,18 +16,7 @@ WITH events_inserted AS (
     FROM unnest($6::text[], $10::text[]) WITH ORDINALITY AS d(event_id, key, ord)
    WHERE key IS NOT NULL
    GROUP BY event_id, key
-), reserved AS (
-  -- As in publish.sql: one upsert per key, in key order, its row lock held until commit.
-  INSERT INTO "{{schema}}"."{{prefix}}key_sequences" AS s (key, last_sequence)
-  SELECT key, count(*) FROM keyed GROUP BY key ORDER BY key
-  ON CONFLICT (key) DO UPDATE SET last_sequence = s.last_sequence + excluded.last_sequence
-  RETURNING s.key, s.last_sequence
-), numbered AS (
-  SELECT k.event_id,
-         r.last_sequence - count(*) OVER w + row_number() OVER (w ORDER BY k.ord) AS sequence
-    FROM keyed k JOIN reserved r ON r.key = k.key
-  WINDOW w AS (PARTITION BY k.key)
-)
+), {{reserve_keys}}
 INSERT INTO "{{schema}}"."{{prefix}}deliveries" (id, event_id, handler, lane, key, sequence)
 SELECT d.id, d.event_id, d.handler, d.lane, d.key, n.sequence
   FROM unnest($6::text[], $7::text[], $8::text[], $9::int2[], $10::text[])

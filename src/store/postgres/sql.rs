@@ -16,8 +16,22 @@ pub(crate) struct Sql {
     pub(crate) types: Vec<Type>,
 }
 
+/// Pieces of SQL that more than one statement holds, spliced where a statement names them.
+const FRAGMENTS: [(&str, &str); 1] = [(
+    "{{reserve_keys}}",
+    include_str!(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/sql/postgres/fragments/reserve_keys.sql"
+    )),
+)];
+
 impl Sql {
     fn render(ns: &Namespace, name: &'static str, source: &str) -> Sql {
+        let source = FRAGMENTS
+            .iter()
+            .fold(source.to_owned(), |s, (placeholder, fragment)| {
+                s.replace(placeholder, fragment.trim_end())
+            });
         let declared = source
             .lines()
             .find_map(|l| l.strip_prefix("-- params:"))
@@ -33,7 +47,7 @@ impl Sql {
             .collect();
         Sql {
             name,
-            text: ns.render(source),
+            text: ns.render(&source),
             types,
         }
     }
@@ -151,7 +165,13 @@ mod tests {
         assert_eq!(s.claim.types.len(), 11);
         assert_eq!(s.lanes.types.len(), 0);
         assert!(s.claim.text.contains(r#""app"."rb_lanes""#));
-        for sql in [&s.publish, &s.list, &s.stats, &s.bench_table_counters] {
+        for sql in [
+            &s.publish,
+            &s.publish_new,
+            &s.list,
+            &s.stats,
+            &s.bench_table_counters,
+        ] {
             assert!(!sql.text.contains("{{"), "{}", sql.name);
         }
     }
