@@ -610,31 +610,20 @@ fn purge_keeps_every_pending_delivery_and_its_event() {
         stderr(&out),
         "error: nothing to purge: give --completed-older-than and/or --dead-older-than\n"
     );
-    s.cmd().args(["purge", "--completed-older-than", "30d", "--dead-older-than", "30d", "--dry-run"]).assert().success()
+    let purge = [
+        "purge",
+        "--completed-older-than",
+        "30d",
+        "--dead-older-than",
+        "30d",
+    ];
+    s.cmd().args(purge).arg("--dry-run").assert().success()
         .stdout("would delete 2 dead deliveries, 1 completion history entries and 2 events; dry run, nothing deleted\n");
-    let out = s
-        .cmd()
-        .args([
-            "purge",
-            "--completed-older-than",
-            "30d",
-            "--dead-older-than",
-            "30d",
-        ])
-        .output()
-        .unwrap();
+    let out = s.cmd().args(purge).output().unwrap();
     assert!(stderr(&out).contains("Not confirmed"), "{}", stderr(&out));
     s.cmd()
-        .args([
-            "purge",
-            "--completed-older-than",
-            "30d",
-            "--dead-older-than",
-            "30d",
-            "--yes",
-            "--batch-size",
-            "1",
-        ])
+        .args(purge)
+        .args(["--yes", "--batch-size", "1"])
         .assert()
         .success()
         .stdout("deleted 2 dead deliveries, 1 completion history entries and 2 events\n");
@@ -654,14 +643,8 @@ fn purge_keeps_every_pending_delivery_and_its_event() {
         ["done-new"]
     );
     s.cmd()
-        .args([
-            "purge",
-            "--completed-older-than",
-            "30d",
-            "--dead-older-than",
-            "30d",
-            "--yes",
-        ])
+        .args(purge)
+        .arg("--yes")
         .assert()
         .success()
         .stdout("nothing to purge\n");
