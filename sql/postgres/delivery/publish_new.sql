@@ -1,7 +1,8 @@
--- Publish of a batch whose events are all new to the store: reserve key sequences (the
--- fragment fragments/reserve_keys.sql), insert events, insert deliveries, in one statement (atomic without BEGIN/COMMIT). It does not look
--- for earlier publishes: an event published before makes it fail on the events' primary key,
--- having written nothing, and the caller runs `publish.sql`, which handles republishes.
+-- Publish of a batch whose events are all new to the store: reserve key sequences
+-- (fragments/reserve_keys.sql), insert events, insert deliveries, in one statement (atomic
+-- without BEGIN/COMMIT). It does not look for earlier publishes: an event published before
+-- makes it fail on the events' primary key, having written nothing, and the caller runs
+-- `publish.sql`, which handles republishes.
 -- $1..$5 the events as parallel arrays (id, type, key, payload, headers); $6..$10 one row per
 -- (event, handler), grouped by event in event order: event id, handler, delivery id, lane,
 -- key; $11, $12 where each event's handlers lie in $7 (first and last index).

@@ -19,6 +19,7 @@ use crate::store::{NewEvent, PublishedDelivery, Result, StoreError, CONFLICT_WIT
 /// How often a batch runs again after losing a race with a concurrent publish of one of its ids.
 const RACE_RETRIES: usize = 3;
 
+/// What a failed publish says: either statement writes its whole batch or nothing of it.
 const NOTHING_WRITTEN: &str = "could not publish the batch; nothing of it was written";
 
 /// What a concurrent publish of the same ids makes the statement fail with: a unique key (both
