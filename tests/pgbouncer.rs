@@ -28,16 +28,21 @@ fn prepared_statements_behind_a_transaction_pooler_stop_the_worker_with_what_to_
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    let name = err
+        .split_once("prepared statement \"")
+        .and_then(|(_, rest)| rest.split_once('"'))
+        .map_or("", |(name, _)| name);
+    assert!(is_relaybus_statement_name(name), "{err}");
     assert!(
-        stderr(&out).ends_with(
-            "error: could not claim deliveries: prepared statement \"s0\" does not exist (26000); \
+        err.replace(name, "NAME").ends_with(
+            "error: could not claim deliveries: prepared statement \"NAME\" does not exist (26000); \
              the connection goes through a transaction pooler (PgBouncer in transaction mode, for \
              one) that shares prepared statements between its clients: run with \
              --no-prepared-statements, or use PgBouncer 1.21 or later with max_prepared_statements \
              set\n"
         ),
-        "{}",
-        stderr(&out)
+        "{err}"
     );
     assert_eq!(stdout(&out), "");
     // Nothing was claimed, so nothing was charged an attempt.
@@ -47,6 +52,61 @@ fn prepared_statements_behind_a_transaction_pooler_stop_the_worker_with_what_to_
             s.table("deliveries")
         )),
         ["pending|0|20"]
+    );
+}
+
+/// `s`, the process's tag in 16 hex digits, `_`, the statement's number in the process.
+fn is_relaybus_statement_name(name: &str) -> bool {
+    name.strip_prefix('s')
+        .and_then(|rest| rest.split_once('_'))
+        .is_some_and(|(tag, n)| {
+            tag.len() == 16
+                && tag.bytes().all(|b| b.is_ascii_hexdigit())
+                && !n.is_empty()
+                && n.bytes().all(|b| b.is_ascii_digit())
+        })
+}
+
+/// PgBouncer in transaction mode keeps one server session for every client, and the statements
+/// each process prepares stay in it. Statement names of their own keep a publisher's and a
+/// worker's apart: with names like every other process's (`s0`, `s1`...), the worker's first
+/// statement was refused as "already exists" (or, of the same shape, ran as the publisher's).
+#[test]
+fn processes_sharing_a_server_session_never_share_a_statement_name() {
+    let bouncer = PgBouncer::one_session();
+    let s = TestSchema::installed("pgbouncer_names");
+    let events: Vec<String> = (0..40)
+        .map(|i| json!({"id": format!("ev-{i}"), "type": "t", "handlers": ["h"]}).to_string())
+        .collect();
+    let through = |args: &[&str], stdin: &str| {
+        s.cmd()
+            .env("RELAYBUS_DATABASE_URL", bouncer.url())
+            .args(args)
+            .write_stdin(stdin)
+            .output()
+            .unwrap()
+    };
+    for half in events.chunks(20) {
+        let out = through(&["publish", "--json"], &half.join("\n"));
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let out = through(
+        &["run", "--handler", "h", "--noop", "--drain", "--json"],
+        "",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&summary["handled"], &summary["failed"]),
+        (&40.into(), &0.into())
+    );
+    assert_eq!(
+        s.count(&format!("SELECT count(*) FROM {}", s.table("events"))),
+        40
+    );
+    assert_eq!(
+        s.count(&format!("SELECT count(*) FROM {}", s.table("deliveries"))),
+        0
     );
 }
 

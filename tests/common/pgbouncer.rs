@@ -16,6 +16,20 @@ impl PgBouncer {
     /// transaction is gone in the next: the pooler's effect on prepared statements, every time
     /// rather than by chance.
     pub fn start() -> Self {
+        Self::pooling(
+            "default_pool_size = 2\n\
+                       server_reset_query = DISCARD ALL\n\
+                       server_reset_query_always = 1\n",
+        )
+    }
+
+    /// Transaction pooling over one server session that is never reset, as PgBouncer runs in
+    /// transaction mode by default: what one client prepares there stays for the next.
+    pub fn one_session() -> Self {
+        Self::pooling("default_pool_size = 1\n")
+    }
+
+    fn pooling(pool: &str) -> Self {
         let target: tokio_postgres::Config = super::database_url().parse().unwrap();
         let host = match &target.get_hosts()[0] {
             tokio_postgres::config::Host::Tcp(h) => h.clone(),
@@ -37,9 +51,7 @@ impl PgBouncer {
                  unix_socket_dir =\n\
                  auth_type = any\n\
                  pool_mode = transaction\n\
-                 default_pool_size = 2\n\
-                 server_reset_query = DISCARD ALL\n\
-                 server_reset_query_always = 1\n\
+                 {pool}\
                  logfile = {dir}/pgbouncer.log\n\
                  pidfile = {dir}/pgbouncer.pid\n",
                 port = target.get_ports().first().copied().unwrap_or(5432),
