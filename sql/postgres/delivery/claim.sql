@@ -88,26 +88,24 @@ WITH owned AS (
     UNION ALL
     -- Keyed: `k` walks the lane's distinct (handler, key) pairs, one index probe each; only
     -- the head of a key, its lowest pending sequence, may run, when due and not in flight.
+    -- The probe that finds a pair reads its head: the first of the pair in the index's order.
     (WITH RECURSIVE k AS (
-       (SELECT d.handler, d.key FROM "{{schema}}"."{{prefix}}deliveries" d
+       (SELECT d.handler, d.key, d.id, d.claims, d.attempts, d.event_id, d.available_at
+          FROM "{{schema}}"."{{prefix}}deliveries" d
          WHERE d.lane = m.lane AND d.key IS NOT NULL AND d.status = 'pending'
-         ORDER BY d.handler, d.key LIMIT 1)
+         ORDER BY d.handler, d.key, d.sequence LIMIT 1)
        UNION ALL
-       (SELECT n.handler, n.key FROM k CROSS JOIN LATERAL (
-          SELECT d.handler, d.key FROM "{{schema}}"."{{prefix}}deliveries" d
+       (SELECT n.* FROM k CROSS JOIN LATERAL (
+          SELECT d.handler, d.key, d.id, d.claims, d.attempts, d.event_id, d.available_at
+            FROM "{{schema}}"."{{prefix}}deliveries" d
            WHERE d.lane = m.lane AND d.key IS NOT NULL AND d.status = 'pending'
              AND (d.handler, d.key) > (k.handler, k.key)
-           ORDER BY d.handler, d.key LIMIT 1) n)
+           ORDER BY d.handler, d.key, d.sequence LIMIT 1) n)
      )
-     SELECT h.id, h.lane, m.epoch, h.claims, h.attempts, h.handler, h.event_id, h.available_at
-       FROM k CROSS JOIN LATERAL (
-         SELECT d.id, d.lane, d.claims, d.attempts, d.handler, d.event_id, d.available_at
-           FROM "{{schema}}"."{{prefix}}deliveries" d
-          WHERE d.lane = m.lane AND d.handler = k.handler AND d.key = k.key
-            AND d.key IS NOT NULL AND d.status = 'pending'
-          ORDER BY d.sequence LIMIT 1) h
-      WHERE h.handler = ANY ($3) AND h.available_at <= now() AND h.id NOT IN (SELECT id FROM busy)
-      ORDER BY h.available_at, h.id LIMIT m.room)
+     SELECT k.id, m.lane, m.epoch, k.claims, k.attempts, k.handler, k.event_id, k.available_at
+       FROM k
+      WHERE k.handler = ANY ($3) AND k.available_at <= now() AND k.id NOT IN (SELECT id FROM busy)
+      ORDER BY k.available_at, k.id LIMIT m.room)
   ) x ORDER BY x.available_at, x.id LIMIT m.room) p
   LIMIT $4
 ), picks AS (
