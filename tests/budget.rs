@@ -1,9 +1,13 @@
 //! Budgets on exact counters (issue: the measured truth). These depend on the code, not on the
 //! machine: a change that makes one worse fails here.
 
-use relaybus::store::{AnyStore, ClientCounts, NewEvent, Store, StoreOptions};
+use std::time::Duration;
 
-use crate::common::{open_store, runtime, TestDatabase, TestSchema};
+use relaybus::store::{
+    AnyStore, ClaimRequest, ClientCounts, LaneShare, NewEvent, Store, StoreOptions,
+};
+
+use crate::common::{open_store, runtime, wait_until, TestDatabase, TestSchema};
 
 /// A publisher on one connection, sending no wake-ups.
 fn store(s: &TestSchema) -> AnyStore {
@@ -130,4 +134,55 @@ fn wal_per_published_event_is_within_the_seed_budget() {
         per_event <= 960,
         "{per_event} WAL bytes per published event"
     );
+}
+
+/// A keyed claim reads each key's head in the probe of the key index that finds the key: per
+/// lane with keyed work, one probe per key and one that finds no more. Looking each head up in
+/// a probe of its own cost one probe more per key (60 here instead of 40 with 20 keys in 20
+/// lanes).
+#[test]
+fn a_keyed_claim_probes_the_key_index_once_per_key_and_once_per_lane() {
+    let s = TestSchema::installed("budget_keyed_claim");
+    let events: Vec<_> = (0..60)
+        .map(|i| {
+            serde_json::json!({"id": format!("ev-{i}"), "type": "t", "key": format!("k{}", i % 20), "handlers": ["h"]})
+        })
+        .collect();
+    s.publish(&events);
+    let deliveries = s.table("deliveries");
+    let lanes = s.count(&format!("SELECT count(DISTINCT lane) FROM {deliveries}"));
+    let store = open_store(&s, StoreOptions::worker(1));
+    let (claimed, _) = runtime()
+        .block_on(store.claim(&ClaimRequest {
+            owner: "w".into(),
+            handlers: vec!["h".into()],
+            max_attempts: vec![25],
+            batch: 100,
+            new_lanes: 256,
+            lease: Duration::from_secs(30),
+            outstanding: vec![],
+            lanes: LaneShare::ALL,
+        }))
+        .unwrap();
+    let mut heads: Vec<&str> = claimed.iter().map(|d| d.event_id.as_str()).collect();
+    heads.sort();
+    let mut expected: Vec<String> = (0..20).map(|i| format!("ev-{i}")).collect();
+    expected.sort();
+    assert_eq!(heads, expected);
+    // A session's index scans are counted when it ends.
+    drop(store);
+    let scans = || {
+        s.exec("SELECT pg_stat_clear_snapshot()");
+        s.count(&format!(
+            "SELECT idx_scan FROM pg_stat_user_indexes WHERE schemaname = '{}' \
+              AND indexrelname = 'relaybus_deliveries_lane_key_idx'",
+            s.name
+        ))
+    };
+    wait_until(
+        "the claim's index scans to be counted",
+        Duration::from_secs(10),
+        || scans() > 0,
+    );
+    assert_eq!(scans(), 20 + lanes, "{lanes} lanes");
 }
