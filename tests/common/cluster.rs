@@ -10,6 +10,8 @@ pub struct TestCluster {
     dir: tempfile::TempDir,
     bin: PathBuf,
     pub port: u16,
+    /// Server settings beyond the harness's own, as `-c name=value` options.
+    settings: String,
 }
 
 /// The server's binaries, from the system's PostgreSQL.
@@ -59,11 +61,17 @@ pub fn free_port() -> u16 {
 
 impl TestCluster {
     pub fn start() -> Self {
+        Self::start_with("")
+    }
+
+    /// A cluster whose server runs with these `-c name=value` settings too.
+    pub fn start_with(settings: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let cluster = Self {
             bin: bin_dir(),
             port: free_port(),
             dir,
+            settings: settings.to_string(),
         };
         give_to_postgres(cluster.dir.path());
         cluster.tool(
@@ -102,9 +110,10 @@ impl TestCluster {
 
     fn ctl(&self, action: &str) {
         let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off {}",
             self.port,
-            self.dir.path().display()
+            self.dir.path().display(),
+            self.settings
         );
         let data = self.data();
         let log = self.dir.path().join("log");
