@@ -42,7 +42,11 @@ impl Running {
     }
 
     fn none(&self) -> bool {
-        self.count.load(Ordering::SeqCst) == 0
+        self.count() == 0
+    }
+
+    pub(super) fn count(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
     }
 }
 

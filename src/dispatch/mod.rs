@@ -106,6 +106,15 @@ struct Context<S> {
     history: bool,
 }
 
+impl<S> Context<S> {
+    /// Deliveries whose handler has ended and whose outcome is not recorded yet: they still
+    /// hold their lane's room and their key, so a claim made now would find them in flight.
+    fn recording(&self) -> usize {
+        let outstanding = self.outstanding.lock().expect("outstanding lock").len();
+        outstanding.saturating_sub(self.running.count())
+    }
+}
+
 /// A worker: construct it, then `run` it until shutdown (or, with `drain`, until no due work is
 /// left).
 pub struct Dispatcher<S: Store> {
@@ -141,6 +150,11 @@ struct Claimer {
     linger_until: Option<Instant>,
     claim_retries: Retries,
     found_work_at: Option<Instant>,
+    /// The last claim picked keyed deliveries: a key's next delivery can be picked only once
+    /// the outcome of the one before is recorded, so the next claim waits (at most the linger)
+    /// for the outcomes being recorded rather than finding their keys still in flight. Unkeyed
+    /// claims do not wait: they overlap the recording of the last claim's outcomes.
+    keys_held: bool,
     /// The error that stopped claiming, when no retry could cure it.
     fatal: Option<StoreError>,
 }
@@ -201,6 +215,7 @@ impl<S: Store> Dispatcher<S> {
                 linger_until: None,
                 claim_retries: CLAIM_RETRY.retries(),
                 found_work_at: None,
+                keys_held: false,
                 fatal: None,
             })
             .collect();
@@ -380,6 +395,7 @@ impl Claimer {
                 continue;
             };
             let got = claimed.len();
+            self.keys_held = claimed.iter().any(|d| d.key.is_some());
             self.start(shared, claimed, reserved);
             if !self.nothing_to_do(want, got, stats, searched) {
                 continue;
@@ -394,7 +410,8 @@ impl Claimer {
     /// Waits until a claim is worth making and reserves the slots it may fill, or returns None
     /// to look again (a slot freed, a signal came). Handlers that finish together free their
     /// slots together: a moment's wait for them makes one claim of a full batch instead of one
-    /// per handler.
+    /// per handler. After a claim of keyed deliveries it also waits for the outcomes being
+    /// recorded, which free their keys.
     async fn ready<S: Store>(
         &mut self,
         shared: &Shared<S>,
@@ -410,14 +427,20 @@ impl Claimer {
             return None;
         }
         let full = shared.options.claim_size();
-        if free < full {
+        let recording = if self.keys_held {
+            shared.ctx.recording()
+        } else {
+            0
+        };
+        if free < full || recording > 0 {
             let linger = shared.options.completion_window * 2 + CLAIM_LINGER;
             let until = *self
                 .linger_until
                 .get_or_insert_with(|| Instant::now() + linger);
             if Instant::now() < until {
                 tokio::select! {
-                    slots = slots.acquire_many(full as u32) => drop(slots),
+                    slots = slots.acquire_many(full as u32), if free < full => drop(slots),
+                    Some(_) = self.tasks.join_next(), if recording > 0 && !self.tasks.is_empty() => {}
                     _ = tokio::time::sleep_until(until) => {}
                     _ = next_signal(shutdown) => {}
                 }
