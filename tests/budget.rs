@@ -3,11 +3,9 @@
 
 use std::time::Duration;
 
-use relaybus::store::{
-    AnyStore, ClaimRequest, ClientCounts, LaneShare, NewEvent, Store, StoreOptions,
-};
+use relaybus::store::{AnyStore, ClaimRequest, ClientCounts, NewEvent, Store, StoreOptions};
 
-use crate::common::{open_store, runtime, wait_until, TestDatabase, TestSchema};
+use crate::common::{claim_request, open_store, runtime, wait_until, TestDatabase, TestSchema};
 
 /// A publisher on one connection, sending no wake-ups.
 fn store(s: &TestSchema) -> AnyStore {
@@ -154,14 +152,8 @@ fn a_keyed_claim_probes_the_key_index_once_per_key_and_once_per_lane() {
     let store = open_store(&s, StoreOptions::worker(1));
     let (claimed, _) = runtime()
         .block_on(store.claim(&ClaimRequest {
-            owner: "w".into(),
-            handlers: vec!["h".into()],
-            max_attempts: vec![25],
             batch: 100,
-            new_lanes: 256,
-            lease: Duration::from_secs(30),
-            outstanding: vec![],
-            lanes: LaneShare::ALL,
+            ..claim_request("w", &["h"])
         }))
         .unwrap();
     let mut heads: Vec<&str> = claimed.iter().map(|d| d.event_id.as_str()).collect();

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
-use relaybus::store::{AnyStore, Namespace, StoreOptions};
+use relaybus::store::{AnyStore, ClaimRequest, LaneShare, Namespace, StoreOptions};
 use tokio_postgres::{Client, NoTls, Row};
 
 #[path = "../../src/test_servers.rs"]
@@ -203,6 +203,20 @@ impl Drop for TestSchema {
 }
 
 /// The store of a test's schema, as the library opens it.
+/// A claim of 10 by `owner` for `handlers`, which may take every lane.
+pub fn claim_request(owner: &str, handlers: &[&str]) -> ClaimRequest {
+    ClaimRequest {
+        owner: owner.into(),
+        handlers: handlers.iter().map(|h| h.to_string()).collect(),
+        max_attempts: vec![25; handlers.len()],
+        batch: 10,
+        new_lanes: 256,
+        lease: Duration::from_secs(30),
+        outstanding: vec![],
+        lanes: LaneShare::ALL,
+    }
+}
+
 pub fn open_store(s: &TestSchema, options: StoreOptions) -> AnyStore {
     relaybus::store::open(Some(&s.url), s.namespace(), options).unwrap()
 }

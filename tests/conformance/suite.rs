@@ -11,6 +11,8 @@ use relaybus::store::{
 };
 use serde_json::json;
 
+use crate::common::claim_request as request;
+
 fn event(id: &str, event_type: &str, key: Option<&str>, handlers: &[&str]) -> NewEvent {
     let limits = EventLimits {
         max_payload_bytes: 1 << 20,
@@ -50,19 +52,6 @@ async fn publish<S: Store>(s: &S, events: &[NewEvent]) -> Vec<(String, String)> 
         .collect();
     new.sort();
     new
-}
-
-fn request(owner: &str, handlers: &[&str]) -> ClaimRequest {
-    ClaimRequest {
-        owner: owner.into(),
-        handlers: handlers.iter().map(|h| h.to_string()).collect(),
-        max_attempts: vec![25; handlers.len()],
-        batch: 10,
-        new_lanes: 256,
-        lease: Duration::from_secs(30),
-        outstanding: vec![],
-        lanes: relaybus::store::LaneShare::ALL,
-    }
 }
 
 async fn claim<S: Store>(s: &S, req: &ClaimRequest) -> Vec<ClaimedDelivery> {
