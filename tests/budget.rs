@@ -178,3 +178,57 @@ fn a_keyed_claim_probes_the_key_index_once_per_key_and_once_per_lane() {
     );
     assert_eq!(scans(), 20 + lanes, "{lanes} lanes");
 }
+
+/// A completion reaches each row where its claim found it (by tuple id), not through the
+/// primary key: of 60 completed deliveries, only the one whose row moved since its claim (an
+/// update in between) is looked up by id. Looking every row up by id read 60 index entries.
+#[test]
+fn a_completion_finds_its_rows_where_the_claim_found_them() {
+    let s = TestSchema::installed("budget_complete_by_tuple");
+    let events: Vec<_> = (0..60)
+        .map(|i| serde_json::json!({"id": format!("ev-{i}"), "type": "t", "handlers": ["h"]}))
+        .collect();
+    s.publish(&events);
+    let deliveries = s.table("deliveries");
+    let claimer = open_store(&s, StoreOptions::worker(1));
+    let (claimed, _) = runtime()
+        .block_on(claimer.claim(&ClaimRequest {
+            batch: 100,
+            ..claim_request("w", &["h"])
+        }))
+        .unwrap();
+    assert_eq!(claimed.len(), 60);
+    drop(claimer);
+    // Index entries read through the primary key; a session's are counted when it ends.
+    let read = || {
+        s.exec("SELECT pg_stat_clear_snapshot()");
+        s.count(&format!(
+            "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE schemaname = '{}' \
+              AND indexrelname = 'relaybus_deliveries_pkey'",
+            s.name
+        ))
+    };
+    let before = read();
+    // Moves one row (a new version, elsewhere), found without the index.
+    s.exec(&format!(
+        "UPDATE {deliveries} SET updated_at = updated_at WHERE id || '' = '{}'",
+        claimed[0].token.delivery_id
+    ));
+    let completer = open_store(&s, StoreOptions::worker(1));
+    let tokens: Vec<_> = claimed.iter().map(|d| d.token.clone()).collect();
+    let mut deleted = runtime()
+        .block_on(completer.complete(&tokens, false))
+        .unwrap();
+    drop(completer);
+    deleted.sort();
+    let mut expected: Vec<String> = tokens.iter().map(|t| t.delivery_id.clone()).collect();
+    expected.sort();
+    assert_eq!(deleted, expected);
+    wait_until(
+        "the completion's index reads to be counted",
+        Duration::from_secs(10),
+        || read() > before,
+    );
+    assert_eq!(read() - before, 1);
+    assert_eq!(s.count(&format!("SELECT count(*) FROM {deliveries}")), 0);
+}

@@ -219,6 +219,12 @@ pub struct LeaseToken {
     pub lane: i16,
     pub epoch: i64,
     pub claims: i32,
+    /// Where the claim found the delivery's row, in the store's terms (PostgreSQL: its tuple
+    /// id), so that completing it needs no index lookup. Not part of the fence: the row found
+    /// there must still be the delivery, with these claims. None where the store has no such
+    /// address or the token was not made by a claim.
+    #[serde(skip)]
+    pub row: Option<u64>,
 }
 
 impl std::fmt::Display for LeaseToken {

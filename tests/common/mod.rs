@@ -202,7 +202,6 @@ impl Drop for TestSchema {
     }
 }
 
-/// The store of a test's schema, as the library opens it.
 /// A claim of 10 by `owner` for `handlers`, which may take every lane.
 pub fn claim_request(owner: &str, handlers: &[&str]) -> ClaimRequest {
     ClaimRequest {
@@ -217,6 +216,7 @@ pub fn claim_request(owner: &str, handlers: &[&str]) -> ClaimRequest {
     }
 }
 
+/// The store of a test's schema, as the library opens it.
 pub fn open_store(s: &TestSchema, options: StoreOptions) -> AnyStore {
     relaybus::store::open(Some(&s.url), s.namespace(), options).unwrap()
 }

@@ -78,9 +78,10 @@ WITH owned AS (
                     WHERE NOT takeover ORDER BY cardinality(running) > 0, fresh, lane) m
   CROSS JOIN LATERAL (SELECT * FROM (
     -- Unkeyed: from the lane's first due rows, past what it runs, with 100 to spare.
-    (SELECT u.id, u.lane, m.epoch, u.claims, u.attempts, u.handler, u.event_id, u.available_at
+    (SELECT u.id, u.lane, m.epoch, u.claims, u.attempts, u.handler, u.event_id, u.available_at,
+            u.row
        FROM (SELECT d.id, d.lane, d.claims, d.attempts, d.handler, d.event_id, d.available_at,
-                    d.key FROM "{{schema}}"."{{prefix}}deliveries" d
+                    d.key, d.ctid AS row FROM "{{schema}}"."{{prefix}}deliveries" d
               WHERE d.lane = m.lane AND d.status = 'pending' AND d.available_at <= now()
               ORDER BY d.available_at, d.id LIMIT m.room + cardinality(m.running) + 100) u
       WHERE u.key IS NULL AND u.handler = ANY ($3) AND u.id NOT IN (SELECT id FROM busy)
@@ -90,19 +91,22 @@ WITH owned AS (
     -- the head of a key, its lowest pending sequence, may run, when due and not in flight.
     -- The probe that finds a pair reads its head: the first of the pair in the index's order.
     (WITH RECURSIVE k AS (
-       (SELECT d.handler, d.key, d.id, d.claims, d.attempts, d.event_id, d.available_at
+       (SELECT d.handler, d.key, d.id, d.claims, d.attempts, d.event_id, d.available_at,
+               d.ctid AS row
           FROM "{{schema}}"."{{prefix}}deliveries" d
          WHERE d.lane = m.lane AND d.key IS NOT NULL AND d.status = 'pending'
          ORDER BY d.handler, d.key, d.sequence LIMIT 1)
        UNION ALL
        (SELECT n.* FROM k CROSS JOIN LATERAL (
-          SELECT d.handler, d.key, d.id, d.claims, d.attempts, d.event_id, d.available_at
+          SELECT d.handler, d.key, d.id, d.claims, d.attempts, d.event_id, d.available_at,
+                 d.ctid AS row
             FROM "{{schema}}"."{{prefix}}deliveries" d
            WHERE d.lane = m.lane AND d.key IS NOT NULL AND d.status = 'pending'
              AND (d.handler, d.key) > (k.handler, k.key)
            ORDER BY d.handler, d.key, d.sequence LIMIT 1) n)
      )
-     SELECT k.id, m.lane, m.epoch, k.claims, k.attempts, k.handler, k.event_id, k.available_at
+     SELECT k.id, m.lane, m.epoch, k.claims, k.attempts, k.handler, k.event_id, k.available_at,
+            k.row
        FROM k
       WHERE k.handler = ANY ($3) AND k.available_at <= now() AND k.id NOT IN (SELECT id FROM busy)
       ORDER BY k.available_at, k.id LIMIT m.room)
@@ -128,9 +132,11 @@ WITH owned AS (
 -- Always one row at least: the takeover counts, with NULL delivery columns when nothing was
 -- picked. Each delivery's event is one probe of its key (a lateral lookup, which no plan turns
 -- into a walk of the whole key). The epoch is the one written: a lane that got picks is always
--- written, locked as it is.
+-- written, locked as it is. `row` is where the delivery's row is: nothing on the happy path
+-- updates it, so its completion finds it there without an index lookup.
 SELECT p.id, p.lane, p.epoch, p.claims, p.attempts, p.handler,
-       e.id, e.type, e.key, e.payload, e.headers, e.created_at, c.n AS charged, t.n AS taken
+       e.id, e.type, e.key, e.payload, e.headers, e.created_at, c.n AS charged, t.n AS taken,
+       p.row
   FROM (SELECT count(*) AS n FROM charged) c CROSS JOIN (SELECT count(*) AS n FROM taken) t
   LEFT JOIN (picked p CROSS JOIN LATERAL (SELECT * FROM "{{schema}}"."{{prefix}}events" e
                                            WHERE e.id = p.event_id LIMIT 1) e) ON true

@@ -271,6 +271,7 @@ impl MongoStore {
                     lane: row.lane.unwrap_or(0),
                     epoch: lane_epoch,
                     claims,
+                    row: None,
                 }
                 .to_string()
             }),

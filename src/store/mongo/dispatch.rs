@@ -470,6 +470,7 @@ impl MongoStore {
                         lane: p.lane_id as i16,
                         epoch,
                         claims: p.claims,
+                        row: None,
                     },
                     handler: p.handler,
                     attempts: p.attempts,

@@ -3,8 +3,9 @@
 //! once it is done. Every statement is a single statement, so each runs atomically without
 //! BEGIN/COMMIT; the statements are `sql/postgres/delivery/*.sql`.
 
+use bytes::{BufMut, BytesMut};
 use chrono::{DateTime, Utc};
-use tokio_postgres::types::{FromSql, Type};
+use tokio_postgres::types::{to_sql_checked, FromSql, IsNull, ToSql, Type};
 
 use super::conn::db;
 use super::PgStore;
@@ -53,6 +54,47 @@ impl<'a> FromSql<'a> for CompactJson {
     fn accepts(ty: &Type) -> bool {
         *ty == Type::JSONB
     }
+}
+
+/// A tuple id (`ctid`) as a token carries it: the block number above the 16 bits of the offset.
+#[derive(Debug)]
+struct Tid(u64);
+
+impl<'a> FromSql<'a> for Tid {
+    fn from_sql(
+        _: &Type,
+        raw: &'a [u8],
+    ) -> std::result::Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        let [b0, b1, b2, b3, o0, o1] = *raw else {
+            return Err("a tuple id is 6 bytes".into());
+        };
+        let block = u32::from_be_bytes([b0, b1, b2, b3]);
+        Ok(Tid(
+            u64::from(block) << 16 | u64::from(u16::from_be_bytes([o0, o1]))
+        ))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::TID
+    }
+}
+
+impl ToSql for Tid {
+    fn to_sql(
+        &self,
+        _: &Type,
+        out: &mut BytesMut,
+    ) -> std::result::Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        out.put_u32(u32::try_from(self.0 >> 16)?);
+        out.put_u16(self.0 as u16);
+        Ok(IsNull::No)
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::TID
+    }
+
+    to_sql_checked!();
 }
 
 fn ms(d: std::time::Duration) -> f64 {
@@ -117,6 +159,7 @@ impl PgStore {
                     lane: r.get(1),
                     epoch: r.get(2),
                     claims: r.get(3),
+                    row: Some(r.get::<_, Tid>(14).0),
                 },
                 attempts: r.get(4),
                 handler: r.get(5),
@@ -137,6 +180,7 @@ impl PgStore {
         history: bool,
     ) -> Result<Vec<String>> {
         let (ids, lanes, epochs, claims) = token_arrays(tokens);
+        let located: Vec<Option<Tid>> = tokens.iter().map(|t| t.row.map(Tid)).collect();
         let sql = if history {
             &self.sql.complete_with_history
         } else {
@@ -144,7 +188,7 @@ impl PgStore {
         };
         let mut conn = self.pool.get().await?;
         let rows = conn
-            .query(sql, &[&ids, &lanes, &epochs, &claims])
+            .query(sql, &[&ids, &lanes, &epochs, &claims, &located])
             .await
             .map_err(db("could not complete deliveries"))?;
         Ok(rows.iter().map(|r| r.get(0)).collect())

@@ -76,6 +76,7 @@ fn param_type(name: &str) -> Option<Type> {
         "int8[]" => Type::INT8_ARRAY,
         "text[]" => Type::TEXT_ARRAY,
         "jsonb[]" => Type::JSONB_ARRAY,
+        "tid[]" => Type::TID_ARRAY,
         _ => return None,
     })
 }

@@ -77,6 +77,7 @@ impl PgStore {
                 lane: delivery.lane.unwrap_or(0),
                 epoch: lane_epoch,
                 claims,
+                row: None,
             };
             DeliveryDetail {
                 lease_token: (delivery.status == "processing").then(|| token.to_string()),
