@@ -22,11 +22,14 @@ WITH t AS MATERIALIZED (
      AND d.ctid = ANY ($5)
   RETURNING d.id
 ), moved AS (
-  -- The rest by id: a row updated since its claim (or a token without a tuple id). The ids
-  -- bound the rows read, whatever the planner thinks of the table's size.
+  -- The rest by id: a row updated since its claim (or a token without a tuple id); when every
+  -- row was found, not even their ids are compared. The ids bound the rows read, whatever the
+  -- planner thinks of the table's size.
   DELETE FROM "{{schema}}"."{{prefix}}deliveries" d
    USING fenced f WHERE d.id = f.id AND d.claims = f.claims
-     AND d.id = ANY (ARRAY(SELECT id FROM fenced EXCEPT ALL SELECT id FROM found))
+     AND d.id = ANY (ARRAY(SELECT id FROM fenced
+                            WHERE (SELECT count(*) FROM found) < (SELECT count(*) FROM fenced)
+                              AND id NOT IN (SELECT id FROM found)))
   RETURNING d.id
 )
 SELECT id FROM found UNION ALL SELECT id FROM moved
