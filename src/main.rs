@@ -4,6 +4,9 @@ use std::process::ExitCode;
 use clap::FromArgMatches;
 use relaybus::cli::{self, Cli};
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 // One thread: every command waits on the database, and a worker's wake-ups across threads cost
 // more than they bought (docs/design/delivery-path.md, "The worker's runtime").
 #[tokio::main(flavor = "current_thread")]
