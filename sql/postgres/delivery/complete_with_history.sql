@@ -17,10 +17,11 @@ WITH t AS MATERIALIZED (
      WHERE (l.lane, l.epoch) IN (SELECT lane, epoch FROM t)) AS listed ON listed.id = t.id
 ), found AS (
   -- Each row where its claim found it, by tuple id: no index lookup. The row must still be
-  -- the delivery with the token's claims.
+  -- the delivery with the token's claims. The ids are named as an index condition too: on an
+  -- empty store's statistics a plan walked the whole primary key instead.
   DELETE FROM "{{schema}}"."{{prefix}}deliveries" d
    USING fenced f WHERE d.ctid = f.row AND d.id = f.id AND d.claims = f.claims
-     AND d.ctid = ANY ($5)
+     AND d.ctid = ANY ($5) AND d.id = ANY ($1)
   RETURNING d.id, d.event_id, d.handler, d.attempts
 ), moved AS (
   -- The rest by id: a row updated since its claim (or a token without a tuple id); when every

@@ -307,6 +307,7 @@ mod tests {
         store.exec(&crowded).await;
         let tokens =
             "ARRAY['d0000002h1']::text[], ARRAY[7]::int2[], ARRAY[1]::int8[], ARRAY[0]::int4[]";
+        let completions = format!("{tokens}, ARRAY['(3,4)']::tid[]");
         let publish = |id: &str, key: &str| {
             format!(
                 "ARRAY['{id}'], ARRAY['t'], ARRAY[{key}]::text[], ARRAY['{{}}'::jsonb], ARRAY['{{}}'::jsonb], \
@@ -322,11 +323,11 @@ mod tests {
                 "'w1', 30000, ARRAY['h1','h2'], 200, 8, ARRAY[25,25], ARRAY['d0000002h1'], 3, 40, 2, 1"
                     .to_owned(),
             ),
-            ("complete", &sql.complete, tokens.to_owned()),
+            ("complete", &sql.complete, completions.clone()),
             (
                 "complete with history",
                 &sql.complete_with_history,
-                tokens.to_owned(),
+                completions,
             ),
             (
                 "fail",
