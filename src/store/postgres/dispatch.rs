@@ -58,7 +58,7 @@ impl<'a> FromSql<'a> for CompactJson {
 
 /// A tuple id (`ctid`) as a token carries it: the block number above the 16 bits of the offset.
 #[derive(Debug)]
-struct Tid(u64);
+pub(super) struct Tid(u64);
 
 impl<'a> FromSql<'a> for Tid {
     fn from_sql(
@@ -116,6 +116,11 @@ pub(super) fn token_arrays(tokens: &[LeaseToken]) -> (Vec<&str>, Vec<i16>, Vec<i
         out.3.push(t.claims);
     }
     out
+}
+
+/// Where the tokens' claims found their rows, as the completions take them.
+pub(super) fn tuple_ids(tokens: &[LeaseToken]) -> Vec<Option<Tid>> {
+    tokens.iter().map(|t| t.row.map(Tid)).collect()
 }
 
 impl PgStore {
@@ -180,7 +185,7 @@ impl PgStore {
         history: bool,
     ) -> Result<Vec<String>> {
         let (ids, lanes, epochs, claims) = token_arrays(tokens);
-        let located: Vec<Option<Tid>> = tokens.iter().map(|t| t.row.map(Tid)).collect();
+        let located = tuple_ids(tokens);
         let sql = if history {
             &self.sql.complete_with_history
         } else {

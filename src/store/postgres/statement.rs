@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio_postgres::types::{Json, ToSql, Type};
 
 use super::conn::{db, describe};
-use super::dispatch::token_arrays;
+use super::dispatch::{token_arrays, tuple_ids};
 use super::PgStore;
 use crate::store::{ClaimedDelivery, Result, StatementOutcome, StoreError};
 
@@ -64,11 +64,13 @@ impl PgStore {
         ))
         .await
         .map_err(db("could not set the handler's timeout"))?;
-        let (ids, lanes, epochs, claims) = token_arrays(std::slice::from_ref(t));
+        let tokens = std::slice::from_ref(t);
+        let (ids, lanes, epochs, claims) = token_arrays(tokens);
+        let located = tuple_ids(tokens);
         let completed = tx
             .query_typed(
                 &complete.text,
-                &complete.typed(&[&ids, &lanes, &epochs, &claims]),
+                &complete.typed(&[&ids, &lanes, &epochs, &claims, &located]),
             )
             .await
             .map_err(db("could not complete the delivery"))?;
