@@ -23,6 +23,16 @@ fn counts(statements: u64, parses: u64) -> ClientCounts {
     ClientCounts { statements, parses }
 }
 
+/// A counter of `pg_stat_user_indexes` for an index of the schema, as of now.
+fn index_stat(s: &TestSchema, counter: &str, index: &str) -> i64 {
+    s.exec("SELECT pg_stat_clear_snapshot()");
+    s.count(&format!(
+        "SELECT {counter} FROM pg_stat_user_indexes WHERE schemaname = '{}' \
+          AND indexrelname = '{index}'",
+        s.name
+    ))
+}
+
 /// The benchmark's event: 160 bytes of payload, one handler.
 fn event(n: usize) -> NewEvent {
     NewEvent {
@@ -163,14 +173,7 @@ fn a_keyed_claim_probes_the_key_index_once_per_key_and_once_per_lane() {
     assert_eq!(heads, expected);
     // A session's index scans are counted when it ends.
     drop(store);
-    let scans = || {
-        s.exec("SELECT pg_stat_clear_snapshot()");
-        s.count(&format!(
-            "SELECT idx_scan FROM pg_stat_user_indexes WHERE schemaname = '{}' \
-              AND indexrelname = 'relaybus_deliveries_lane_key_idx'",
-            s.name
-        ))
-    };
+    let scans = || index_stat(&s, "idx_scan", "relaybus_deliveries_lane_key_idx");
     wait_until(
         "the claim's index scans to be counted",
         Duration::from_secs(10),
@@ -200,14 +203,7 @@ fn a_completion_finds_its_rows_where_the_claim_found_them() {
     assert_eq!(claimed.len(), 60);
     drop(claimer);
     // Index entries read through the primary key; a session's are counted when it ends.
-    let read = || {
-        s.exec("SELECT pg_stat_clear_snapshot()");
-        s.count(&format!(
-            "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE schemaname = '{}' \
-              AND indexrelname = 'relaybus_deliveries_pkey'",
-            s.name
-        ))
-    };
+    let read = || index_stat(&s, "idx_tup_read", "relaybus_deliveries_pkey");
     let before = read();
     // Moves one row (a new version, elsewhere), found without the index.
     s.exec(&format!(

@@ -17,13 +17,22 @@ pub(crate) struct Sql {
 }
 
 /// Pieces of SQL that more than one statement holds, spliced where a statement names them.
-const FRAGMENTS: [(&str, &str); 1] = [(
-    "{{reserve_keys}}",
-    include_str!(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/sql/postgres/fragments/reserve_keys.sql"
-    )),
-)];
+const FRAGMENTS: [(&str, &str); 2] = [
+    (
+        "{{reserve_keys}}",
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/sql/postgres/fragments/reserve_keys.sql"
+        )),
+    ),
+    (
+        "{{delete_completed}}",
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/sql/postgres/fragments/delete_completed.sql"
+        )),
+    ),
+];
 
 impl Sql {
     fn render(ns: &Namespace, name: &'static str, source: &str) -> Sql {
