@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use relaybus::store::{AnyStore, ClaimRequest, ClientCounts, NewEvent, Store, StoreOptions};
+use relaybus::store::{
+    AnyStore, ClaimRequest, ClaimedDelivery, ClientCounts, NewEvent, Store, StoreOptions,
+};
 
 use crate::common::{claim_request, open_store, runtime, wait_until, TestDatabase, TestSchema};
 
@@ -21,6 +23,19 @@ fn store(s: &TestSchema) -> AnyStore {
 
 fn counts(statements: u64, parses: u64) -> ClientCounts {
     ClientCounts { statements, parses }
+}
+
+/// One claim of up to 100 deliveries of `h` by a worker's session, which then ends: a session's
+/// index counters are counted when it ends.
+fn claim_in_a_session_of_its_own(s: &TestSchema) -> Vec<ClaimedDelivery> {
+    let store = open_store(s, StoreOptions::worker(1));
+    runtime()
+        .block_on(store.claim(&ClaimRequest {
+            batch: 100,
+            ..claim_request("w", &["h"])
+        }))
+        .unwrap()
+        .0
 }
 
 /// A counter of `pg_stat_user_indexes` for an index of the schema, as of now.
@@ -159,20 +174,12 @@ fn a_keyed_claim_probes_the_key_index_once_per_key_and_once_per_lane() {
     s.publish(&events);
     let deliveries = s.table("deliveries");
     let lanes = s.count(&format!("SELECT count(DISTINCT lane) FROM {deliveries}"));
-    let store = open_store(&s, StoreOptions::worker(1));
-    let (claimed, _) = runtime()
-        .block_on(store.claim(&ClaimRequest {
-            batch: 100,
-            ..claim_request("w", &["h"])
-        }))
-        .unwrap();
+    let claimed = claim_in_a_session_of_its_own(&s);
     let mut heads: Vec<&str> = claimed.iter().map(|d| d.event_id.as_str()).collect();
     heads.sort();
     let mut expected: Vec<String> = (0..20).map(|i| format!("ev-{i}")).collect();
     expected.sort();
     assert_eq!(heads, expected);
-    // A session's index scans are counted when it ends.
-    drop(store);
     let scans = || index_stat(&s, "idx_scan", "relaybus_deliveries_lane_key_idx");
     wait_until(
         "the claim's index scans to be counted",
@@ -193,16 +200,9 @@ fn a_completion_finds_its_rows_where_the_claim_found_them() {
         .collect();
     s.publish(&events);
     let deliveries = s.table("deliveries");
-    let claimer = open_store(&s, StoreOptions::worker(1));
-    let (claimed, _) = runtime()
-        .block_on(claimer.claim(&ClaimRequest {
-            batch: 100,
-            ..claim_request("w", &["h"])
-        }))
-        .unwrap();
+    let claimed = claim_in_a_session_of_its_own(&s);
     assert_eq!(claimed.len(), 60);
-    drop(claimer);
-    // Index entries read through the primary key; a session's are counted when it ends.
+    // Index entries read through the primary key.
     let read = || index_stat(&s, "idx_tup_read", "relaybus_deliveries_pkey");
     let before = read();
     // Moves one row (a new version, elsewhere), found without the index.
