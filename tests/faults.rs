@@ -8,9 +8,11 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 
 use crate::common::cluster::{connect, TestCluster};
+use relaybus::store::{Store, StoreOptions};
+
 use crate::common::{
-    finish, runtime, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, Spawned,
-    TestSchema,
+    claim_request, database_url, finish, open_store, runtime, signal, spawn_worker, stderr, stdout,
+    wait_in_flight, wait_until, Spawned, TestSchema,
 };
 
 fn event(id: &str) -> String {
@@ -185,6 +187,69 @@ fn a_frozen_worker_s_late_writes_are_all_refused() {
     assert_eq!(
         s.count(&format!("SELECT count(*) FROM {}", s.table("deliveries"))),
         0
+    );
+}
+
+/// A completion reads the lane without a lock, so a takeover can commit after the completion's
+/// snapshot says the token is good: the completion then waits for the row the takeover charged,
+/// and once the takeover commits it must delete nothing. The takeover's writes are held open in
+/// a transaction, so the order is certain.
+#[test]
+fn a_completion_that_waits_for_a_takeover_deletes_nothing() {
+    let s = TestSchema::installed("complete_vs_takeover");
+    s.publish(&[serde_json::json!({"id": "e1", "type": "t", "handlers": ["h"]})]);
+    let store = open_store(&s, StoreOptions::worker(1));
+    let claimed = runtime()
+        .block_on(store.claim(&claim_request("w1", &["h"])))
+        .unwrap()
+        .0;
+    let token = claimed[0].token.clone();
+    let (lanes, deliveries) = (s.table("lanes"), s.table("deliveries"));
+    let (takeover, holder) = runtime().block_on(async {
+        let (client, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute(&format!(
+                "BEGIN; \
+                 UPDATE {lanes} SET epoch = epoch + 1, lease_owner = 'w2' WHERE lane = {lane}; \
+                 UPDATE {deliveries} SET claims = claims + 1, attempts = attempts + 1 \
+                  WHERE id = '{id}'",
+                lane = token.lane,
+                id = token.delivery_id
+            ))
+            .await
+            .unwrap();
+        let holder: i32 = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        (client, holder)
+    });
+    let completion = runtime().spawn({
+        let token = token.clone();
+        async move { store.complete(&[token], false).await }
+    });
+    wait_until(
+        "the completion to wait for the takeover's row lock",
+        Duration::from_secs(10),
+        || {
+            s.count(&format!(
+                "SELECT count(*) FROM pg_stat_activity \
+                  WHERE {holder} = ANY (pg_blocking_pids(pid)) AND query LIKE '%Completion%'"
+            )) == 1
+        },
+    );
+    runtime()
+        .block_on(takeover.batch_execute("COMMIT"))
+        .unwrap();
+    let deleted = runtime().block_on(completion).unwrap().unwrap();
+    assert_eq!(deleted, Vec::<String>::new());
+    assert_eq!(
+        s.rows(&format!("SELECT id, claims, attempts FROM {deliveries}")),
+        [format!("{}|1|1", token.delivery_id)]
     );
 }
 

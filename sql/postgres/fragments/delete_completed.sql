@@ -14,11 +14,11 @@ t AS MATERIALIZED (
      WHERE (l.lane, l.epoch) IN (SELECT lane, epoch FROM t)) AS listed ON listed.id = t.id
 ), found AS (
   -- Each row where its claim found it, by tuple id: no index lookup. The row must still be
-  -- the delivery with the token's claims. The ids are named as an index condition too: on an
-  -- empty store's statistics a plan walked the whole primary key instead.
+  -- the delivery with the token's claims, compared as one row so that no plan can join on
+  -- the id through the primary key (on an empty store's statistics one walked all of it).
   DELETE FROM "{{schema}}"."{{prefix}}deliveries" d
-   USING fenced f WHERE d.ctid = f.row AND d.id = f.id AND d.claims = f.claims
-     AND d.ctid = ANY ($5) AND d.id = ANY ($1)
+   USING fenced f WHERE d.ctid = f.row AND d.ctid = ANY ($5)
+     AND (d.id, d.claims) IS NOT DISTINCT FROM (f.id, f.claims)
   RETURNING d.id, d.event_id, d.handler, d.attempts
 ), moved AS (
   -- The rest by id: a row updated since its claim (or a token without a tuple id); when every
