@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use relaybus::store::{
-    AnyStore, ClaimRequest, ClaimedDelivery, ClientCounts, NewEvent, Store, StoreOptions,
+    AnyStore, ClaimRequest, ClaimStats, ClaimedDelivery, ClientCounts, NewEvent, Store,
+    StoreOptions,
 };
 
 use crate::common::{claim_request, open_store, runtime, wait_until, TestDatabase, TestSchema};
@@ -25,17 +26,22 @@ fn counts(statements: u64, parses: u64) -> ClientCounts {
     ClientCounts { statements, parses }
 }
 
-/// One claim of up to 100 deliveries of `h` by a worker's session, which then ends: a session's
-/// index counters are counted when it ends.
-fn claim_in_a_session_of_its_own(s: &TestSchema) -> Vec<ClaimedDelivery> {
+/// A claim of up to 100 deliveries of `h` by worker `w`.
+fn claim_of_100() -> ClaimRequest {
+    ClaimRequest {
+        batch: 100,
+        ..claim_request("w", &["h"])
+    }
+}
+
+/// One claim by a worker's session, which then ends: a session's counters are counted when it
+/// ends.
+fn claim_in_a_session_of_its_own(
+    s: &TestSchema,
+    request: &ClaimRequest,
+) -> (Vec<ClaimedDelivery>, ClaimStats) {
     let store = open_store(s, StoreOptions::worker(1));
-    runtime()
-        .block_on(store.claim(&ClaimRequest {
-            batch: 100,
-            ..claim_request("w", &["h"])
-        }))
-        .unwrap()
-        .0
+    runtime().block_on(store.claim(request)).unwrap()
 }
 
 /// A counter of `pg_stat_user_indexes` for an index of the schema, as of now.
@@ -46,6 +52,19 @@ fn index_stat(s: &TestSchema, counter: &str, index: &str) -> i64 {
           AND indexrelname = '{index}'",
         s.name
     ))
+}
+
+/// Sequential scans of a table of the schema, and index entries read through its primary key,
+/// as of now.
+fn reads_of(s: &TestSchema, table: &str) -> (i64, i64) {
+    s.exec("SELECT pg_stat_clear_snapshot()");
+    let r = &s.query(&format!(
+        "SELECT t.seq_scan, i.idx_tup_read FROM pg_stat_user_tables t \
+           JOIN pg_stat_user_indexes i ON i.relid = t.relid AND i.indexrelname = t.relname || '_pkey' \
+          WHERE t.schemaname = '{}' AND t.relname = 'relaybus_{table}'",
+        s.name
+    ))[0];
+    (r.get(0), r.get(1))
 }
 
 /// The benchmark's event: 160 bytes of payload, one handler.
@@ -174,7 +193,7 @@ fn a_keyed_claim_probes_the_key_index_once_per_key_and_once_per_lane() {
     s.publish(&events);
     let deliveries = s.table("deliveries");
     let lanes = s.count(&format!("SELECT count(DISTINCT lane) FROM {deliveries}"));
-    let claimed = claim_in_a_session_of_its_own(&s);
+    let (claimed, _) = claim_in_a_session_of_its_own(&s, &claim_of_100());
     let mut heads: Vec<&str> = claimed.iter().map(|d| d.event_id.as_str()).collect();
     heads.sort();
     let mut expected: Vec<String> = (0..20).map(|i| format!("ev-{i}")).collect();
@@ -200,7 +219,7 @@ fn a_completion_finds_its_rows_where_the_claim_found_them() {
         .collect();
     s.publish(&events);
     let deliveries = s.table("deliveries");
-    let claimed = claim_in_a_session_of_its_own(&s);
+    let (claimed, _) = claim_in_a_session_of_its_own(&s, &claim_of_100());
     assert_eq!(claimed.len(), 60);
     // Index entries read through the primary key.
     let read = || index_stat(&s, "idx_tup_read", "relaybus_deliveries_pkey");
@@ -227,4 +246,60 @@ fn a_completion_finds_its_rows_where_the_claim_found_them() {
     );
     assert_eq!(read() - before, 1);
     assert_eq!(s.count(&format!("SELECT count(*) FROM {deliveries}")), 0);
+}
+
+/// A claim reports the lanes its worker holds once it is recorded, and the next claim reads
+/// those and no other: each held lane's key four times (found, locked, its snapshot's version,
+/// written), and no lane page besides. Finding them by owner read every lane's page, a
+/// sequential scan of the lanes per claim.
+#[test]
+fn a_claim_reads_only_the_lanes_the_claim_before_reported_held() {
+    let s = TestSchema::installed("budget_held_lanes");
+    let events: Vec<_> = (0..60)
+        .map(|i| serde_json::json!({"id": format!("ev-{i}"), "type": "t", "handlers": ["h"]}))
+        .collect();
+    s.publish(&events);
+    let (claimed, stats) = claim_in_a_session_of_its_own(&s, &claim_of_100());
+    assert_eq!(claimed.len(), 60);
+    let mut lanes: Vec<i16> = claimed.iter().map(|d| d.token.lane).collect();
+    lanes.sort_unstable();
+    lanes.dedup();
+    let sorted = |held: Option<Vec<i16>>| {
+        let mut held = held.expect("the claim reports the lanes held");
+        held.sort_unstable();
+        held
+    };
+    assert_eq!(sorted(stats.held.clone()), lanes);
+    wait_until(
+        "the first claim's reads to be counted",
+        Duration::from_secs(10),
+        || reads_of(&s, "lanes").1 > 0,
+    );
+    let (scans, keys) = reads_of(&s, "lanes");
+    // Everything claimed still runs, and nothing else is due: the lanes stay held as they are.
+    let (none, again) = claim_in_a_session_of_its_own(
+        &s,
+        &ClaimRequest {
+            outstanding: claimed
+                .iter()
+                .map(|d| d.token.delivery_id.clone())
+                .collect(),
+            new_lanes: 0,
+            held: stats.held,
+            ..claim_of_100()
+        },
+    );
+    assert!(none.is_empty());
+    assert_eq!(sorted(again.held), lanes);
+    wait_until(
+        "the second claim's reads to be counted",
+        Duration::from_secs(10),
+        || reads_of(&s, "lanes").1 > keys,
+    );
+    assert_eq!(
+        reads_of(&s, "lanes"),
+        (scans, keys + 4 * lanes.len() as i64),
+        "{} lanes held",
+        lanes.len()
+    );
 }

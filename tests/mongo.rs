@@ -13,7 +13,9 @@ use serde_json::{json, Value};
 
 use crate::common::http::serve;
 use crate::common::mongo::{mongo_url, TestMongo};
-use crate::common::{finish, runtime, stderr, stdout, wait_until, Spawned, TestSchema};
+use crate::common::{
+    claim_request, finish, runtime, stderr, stdout, wait_until, Spawned, TestSchema,
+};
 
 /// A command of the walk-through, on either engine.
 struct Engine {
@@ -175,14 +177,8 @@ fn event(id: &str, key: Option<&str>) -> NewEvent {
 
 fn request(owner: &str, lease: Duration) -> ClaimRequest {
     ClaimRequest {
-        owner: owner.into(),
-        handlers: vec!["h".into()],
-        max_attempts: vec![25],
-        batch: 10,
-        new_lanes: 256,
         lease,
-        outstanding: vec![],
-        lanes: relaybus::store::LaneShare::ALL,
+        ..claim_request(owner, &["h"])
     }
 }
 

@@ -7,7 +7,8 @@ use relaybus::store::{ClaimRequest, StatementOutcome, Store, StoreOptions};
 use serde_json::json;
 
 use crate::common::{
-    finish, open_store, runtime, signal, spawn_worker, stderr, stdout, wait_until, TestSchema,
+    claim_request, finish, open_store, runtime, signal, spawn_worker, stderr, stdout, wait_until,
+    TestSchema,
 };
 
 /// A table of the test's schema that a handler's statement writes.
@@ -133,14 +134,9 @@ fn after_a_takeover_the_old_token_runs_nothing() {
     let store = open_store(&s, StoreOptions::worker(2));
     let sql = format!("INSERT INTO {table} VALUES ($1, $7)");
     let request = |owner: &str, lease: Duration| ClaimRequest {
-        owner: owner.into(),
-        handlers: vec!["ledger".into()],
-        max_attempts: vec![25],
-        batch: 10,
         new_lanes: 4,
         lease,
-        outstanding: vec![],
-        lanes: relaybus::store::LaneShare::ALL,
+        ..claim_request(owner, &["ledger"])
     };
     let minute = Duration::from_secs(60);
     runtime().block_on(async {

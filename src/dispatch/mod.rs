@@ -157,6 +157,9 @@ struct Claimer {
     keys_held: bool,
     /// The error that stopped claiming, when no retry could cure it.
     fatal: Option<StoreError>,
+    /// The lanes this stream holds, as its last claim reported them: the next claim reads only
+    /// those of its own. Unknown at first and after a failed claim.
+    held: Option<Vec<i16>>,
 }
 
 impl<S: Store> Dispatcher<S> {
@@ -176,6 +179,7 @@ impl<S: Store> Dispatcher<S> {
             lease: options.lease_duration,
             outstanding: vec![],
             lanes: LaneShare::ALL,
+            held: None,
         };
         reporter.metrics.handlers(&template.handlers);
         let running = Arc::new(Running::default());
@@ -217,6 +221,7 @@ impl<S: Store> Dispatcher<S> {
                 found_work_at: None,
                 keys_held: false,
                 fatal: None,
+                held: None,
             })
             .collect();
         let background = vec![
@@ -397,7 +402,7 @@ impl Claimer {
             let got = claimed.len();
             self.keys_held = claimed.iter().any(|d| d.key.is_some());
             self.start(shared, claimed, reserved);
-            if !self.nothing_to_do(want, got, stats, searched) {
+            if !self.nothing_to_do(want, got, &stats, searched) {
                 continue;
             }
             if self.drained(shared).await {
@@ -471,6 +476,7 @@ impl Claimer {
                 .iter()
                 .cloned()
                 .collect(),
+            held: self.held.take(),
             ..self.template.clone()
         };
         let started = Instant::now();
@@ -480,6 +486,7 @@ impl Claimer {
             Ok(claimed) => {
                 metrics.claimed(claimed.0.len(), started.elapsed());
                 self.claim_retries.reset();
+                self.held.clone_from(&claimed.1.held);
                 Some(claimed)
             }
             Err(e) if e.stops_worker() => {
@@ -546,7 +553,7 @@ impl Claimer {
         &mut self,
         want: usize,
         got: usize,
-        stats: ClaimStats,
+        stats: &ClaimStats,
         searched: bool,
     ) -> bool {
         if stats.charged > 0 {

@@ -268,6 +268,10 @@ pub struct ClaimRequest {
     pub outstanding: Vec<String>,
     /// The lanes this claim holds and takes: a worker's claim streams each keep to their own.
     pub lanes: LaneShare,
+    /// The lanes of the share this worker holds, as the previous claim reported them
+    /// (`ClaimStats::held`), so that the store reads only those; `None` (the first claim, or
+    /// one after a failure, whose outcome is unknown) makes it find them by owner.
+    pub held: Option<Vec<i16>>,
 }
 
 /// The lanes whose number is `index` modulo `count`: one claim stream's share of a worker's
@@ -289,12 +293,15 @@ impl LaneShare {
 }
 
 /// What a claim found, beyond the deliveries.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ClaimStats {
     /// Deliveries charged one attempt because their lane was taken over.
     pub charged: i64,
     /// Free or expired lanes taken by this claim.
     pub lanes_taken: i64,
+    /// The lanes of the share the worker holds once the claim is recorded, for the next claim;
+    /// `None` from a store that reads every lane anyway.
+    pub held: Option<Vec<i16>>,
 }
 
 /// A failed attempt, as the dispatcher reports it. The store decides what follows: the last

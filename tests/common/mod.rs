@@ -213,6 +213,7 @@ pub fn claim_request(owner: &str, handlers: &[&str]) -> ClaimRequest {
         lease: Duration::from_secs(30),
         outstanding: vec![],
         lanes: LaneShare::ALL,
+        held: None,
     }
 }
 

@@ -323,6 +323,10 @@ pub(crate) async fn a_stale_token_changes_nothing_after_a_takeover<S: Store>(s: 
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let (none, stats) = s.claim(&request("w2", &["h"])).await.unwrap();
     assert_eq!((none.len(), stats.charged, stats.lanes_taken), (0, 1, 1));
+    // The lane taken over runs nothing yet but is held: the next claim reads it.
+    if let Some(held) = stats.held {
+        assert_eq!(held, [old.lane]);
+    }
     // The old holder's completion, failure and release all lose.
     assert_eq!(
         s.complete(std::slice::from_ref(&old), false).await.unwrap(),

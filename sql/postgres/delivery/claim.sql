@@ -5,23 +5,28 @@
 -- $6 max attempts per handler (same order as $3), $7 deliveries the worker still has
 -- outstanding, $8 where the free-lane search starts, $9 the most deliveries a lane keeps in
 -- flight; the claim holds and takes only lanes whose number is $11 modulo $10 (its stream's).
--- params: text, float8, text[], int8, int8, int4[], text[], int2, int4, int2, int2
-WITH owned AS (
-  -- The lanes of the stream this worker holds under a live lease that have room for another
-  -- delivery, as the snapshot shows them: a lane that runs $9 is neither picked from nor
-  -- written, so it is not locked either (a row lock is a write).
-  SELECT l.lane FROM "{{schema}}"."{{prefix}}lanes" l
-   WHERE l.lease_owner = $1 AND l.lease_expires_at > now() AND l.lane % $10 = $11
-     AND (SELECT count(*) FROM unnest(l.in_flight) AS x
-           WHERE x IN (SELECT unnest($7::text[]))) < $9
+-- $12 the lanes the stream's previous claim reported it holds, or NULL to find them by owner.
+-- params: text, float8, text[], int8, int8, int4[], text[], int2, int4, int2, int2, int2[]
+WITH ours AS (
+  -- The lanes of the stream this worker holds under a live lease, as the snapshot shows them,
+  -- and whether each has room for another delivery: a lane that runs $9 is neither picked from
+  -- nor written, so it is not locked either (a row lock is a write). They are named as the
+  -- previous claim reported them: finding them by owner reads every lane's page, which only
+  -- a stream's first claim and one after a failure do.
+  SELECT l.lane, (SELECT count(*) FROM unnest(l.in_flight) AS x
+                   WHERE x IN (SELECT unnest($7::text[]))) < $9 AS room
+    FROM "{{schema}}"."{{prefix}}lanes" l
+   WHERE l.lane = ANY (coalesce($12, ARRAY(SELECT o.lane FROM "{{schema}}"."{{prefix}}lanes" o
+                                            WHERE o.lease_owner = $1)))
+     AND l.lease_owner = $1 AND l.lease_expires_at > now() AND l.lane % $10 = $11
 ), held AS (
-  -- Those lanes, locked (a takeover of them waits), and what each keeps in flight: what the
+  -- Those with room, locked (a takeover of them waits), and what each keeps in flight: what the
   -- worker still has outstanding.
   SELECT l.lane, l.epoch, l.in_flight,
          ARRAY(SELECT x FROM unnest(l.in_flight) AS x WHERE x IN (SELECT unnest($7::text[])))
            AS running
     FROM "{{schema}}"."{{prefix}}lanes" l
-   WHERE l.lane = ANY (ARRAY(SELECT lane FROM owned))
+   WHERE l.lane = ANY (ARRAY(SELECT lane FROM ours WHERE room))
      AND l.lease_owner = $1 AND l.lease_expires_at > now()
    ORDER BY l.lane FOR UPDATE
 ), candidates AS (
@@ -128,15 +133,23 @@ WITH owned AS (
     FROM mine m LEFT JOIN picks p USING (lane)
    WHERE l.lane = m.lane AND l.lane = ANY (ARRAY(SELECT lane FROM mine))
      AND (m.takeover OR p.ids IS NOT NULL OR (NOT m.fresh AND cardinality(m.running) = 0))
+), holds AS (
+  -- The stream's lanes this worker holds once the claim commits: full ones left alone, and those
+  -- written with a lease or still running. The next claim starts from these.
+  SELECT ARRAY(SELECT lane FROM ours WHERE NOT room
+               UNION ALL
+               SELECT m.lane FROM mine m LEFT JOIN picks p USING (lane)
+                WHERE m.takeover OR p.ids IS NOT NULL OR cardinality(m.running) > 0) AS lanes
 )
--- Always one row at least: the takeover counts, with NULL delivery columns when nothing was
--- picked. Each delivery's event is one probe of its key (a lateral lookup, which no plan turns
+-- Always one row at least: the takeover counts and the lanes held, with NULL delivery columns
+-- when nothing was picked. Each delivery's event is one probe of its key (a lateral lookup, which no plan turns
 -- into a walk of the whole key). The epoch is the one written: a lane that got picks is always
 -- written, locked as it is. `row` is where the delivery's row is: nothing on the happy path
 -- updates it, so its completion finds it there without an index lookup.
 SELECT p.id, p.lane, p.epoch, p.claims, p.attempts, p.handler,
        e.id, e.type, e.key, e.payload, e.headers, e.created_at, c.n AS charged, t.n AS taken,
-       p.row
+       p.row, h.lanes AS holds
   FROM (SELECT count(*) AS n FROM charged) c CROSS JOIN (SELECT count(*) AS n FROM taken) t
+  CROSS JOIN holds h
   LEFT JOIN (picked p CROSS JOIN LATERAL (SELECT * FROM "{{schema}}"."{{prefix}}events" e
                                            WHERE e.id = p.event_id LIMIT 1) e) ON true

@@ -766,6 +766,7 @@ pub(super) mod tests {
             lease,
             outstanding: vec![],
             lanes: crate::store::LaneShare::ALL,
+            held: None,
         }
     }
 

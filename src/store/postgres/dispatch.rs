@@ -145,6 +145,7 @@ impl PgStore {
                     &LANE_IN_FLIGHT,
                     &req.lanes.count,
                     &req.lanes.index,
+                    &req.held,
                 ],
             )
             .await
@@ -154,6 +155,7 @@ impl PgStore {
             .map_or_else(ClaimStats::default, |r| ClaimStats {
                 charged: r.get(12),
                 lanes_taken: r.get(13),
+                held: Some(r.get(15)),
             });
         let claimed = rows
             .iter()
@@ -325,7 +327,7 @@ mod tests {
             (
                 "claim",
                 &sql.claim,
-                "'w1', 30000, ARRAY['h1','h2'], 200, 8, ARRAY[25,25], ARRAY['d0000002h1'], 3, 40, 2, 1"
+                "'w1', 30000, ARRAY['h1','h2'], 200, 8, ARRAY[25,25], ARRAY['d0000002h1'], 3, 40, 2, 1, ARRAY[1, 3]::int2[]"
                     .to_owned(),
             ),
             ("complete", &sql.complete, completions.clone()),

@@ -172,7 +172,7 @@ mod tests {
     #[test]
     fn every_statement_renders_for_a_namespace() {
         let s = Statements::render(&Namespace::new("app", "rb_").unwrap());
-        assert_eq!(s.claim.types.len(), 11);
+        assert_eq!(s.claim.types.len(), 12);
         assert_eq!(s.lanes.types.len(), 0);
         assert!(s.claim.text.contains(r#""app"."rb_lanes""#));
         for sql in [
