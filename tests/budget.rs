@@ -44,6 +44,16 @@ fn claim_in_a_session_of_its_own(
     runtime().block_on(store.claim(request)).unwrap()
 }
 
+/// A schema with 60 unkeyed events for `h`, ev-0 to ev-59, spread over the lanes.
+fn sixty_unkeyed_events(name: &str) -> TestSchema {
+    let s = TestSchema::installed(name);
+    let events: Vec<_> = (0..60)
+        .map(|i| serde_json::json!({"id": format!("ev-{i}"), "type": "t", "handlers": ["h"]}))
+        .collect();
+    s.publish(&events);
+    s
+}
+
 /// A counter of `pg_stat_user_indexes` for an index of the schema, as of now.
 fn index_stat(s: &TestSchema, counter: &str, index: &str) -> i64 {
     s.exec("SELECT pg_stat_clear_snapshot()");
@@ -213,11 +223,7 @@ fn a_keyed_claim_probes_the_key_index_once_per_key_and_once_per_lane() {
 /// update in between) is looked up by id. Looking every row up by id read 60 index entries.
 #[test]
 fn a_completion_finds_its_rows_where_the_claim_found_them() {
-    let s = TestSchema::installed("budget_complete_by_tuple");
-    let events: Vec<_> = (0..60)
-        .map(|i| serde_json::json!({"id": format!("ev-{i}"), "type": "t", "handlers": ["h"]}))
-        .collect();
-    s.publish(&events);
+    let s = sixty_unkeyed_events("budget_complete_by_tuple");
     let deliveries = s.table("deliveries");
     let (claimed, _) = claim_in_a_session_of_its_own(&s, &claim_of_100());
     assert_eq!(claimed.len(), 60);
@@ -254,11 +260,7 @@ fn a_completion_finds_its_rows_where_the_claim_found_them() {
 /// sequential scan of the lanes per claim.
 #[test]
 fn a_claim_reads_only_the_lanes_the_claim_before_reported_held() {
-    let s = TestSchema::installed("budget_held_lanes");
-    let events: Vec<_> = (0..60)
-        .map(|i| serde_json::json!({"id": format!("ev-{i}"), "type": "t", "handlers": ["h"]}))
-        .collect();
-    s.publish(&events);
+    let s = sixty_unkeyed_events("budget_held_lanes");
     let (claimed, stats) = claim_in_a_session_of_its_own(&s, &claim_of_100());
     assert_eq!(claimed.len(), 60);
     let mut lanes: Vec<i16> = claimed.iter().map(|d| d.token.lane).collect();
