@@ -70,7 +70,8 @@ fn reads_of(s: &TestSchema, table: &str) -> (i64, i64) {
     s.exec("SELECT pg_stat_clear_snapshot()");
     let r = &s.query(&format!(
         "SELECT t.seq_scan, i.idx_tup_read FROM pg_stat_user_tables t \
-           JOIN pg_stat_user_indexes i ON i.relid = t.relid AND i.indexrelname = t.relname || '_pkey' \
+           JOIN pg_stat_user_indexes i \
+             ON i.relid = t.relid AND i.indexrelname = t.relname || '_pkey' \
           WHERE t.schemaname = '{}' AND t.relname = 'relaybus_{table}'",
         s.name
     ))[0];

@@ -142,10 +142,10 @@ WITH ours AS (
                 WHERE m.takeover OR p.ids IS NOT NULL OR cardinality(m.running) > 0) AS lanes
 )
 -- Always one row at least: the takeover counts and the lanes held, with NULL delivery columns
--- when nothing was picked. Each delivery's event is one probe of its key (a lateral lookup, which no plan turns
--- into a walk of the whole key). The epoch is the one written: a lane that got picks is always
--- written, locked as it is. `row` is where the delivery's row is: nothing on the happy path
--- updates it, so its completion finds it there without an index lookup.
+-- when nothing was picked. Each delivery's event is one probe of its key (a lateral lookup,
+-- which no plan turns into a walk of the whole key). The epoch is the one written: a lane that
+-- got picks is always written, locked as it is. `row` is where the delivery's row is: nothing
+-- on the happy path updates it, so its completion finds it there without an index lookup.
 SELECT p.id, p.lane, p.epoch, p.claims, p.attempts, p.handler,
        e.id, e.type, e.key, e.payload, e.headers, e.created_at, c.n AS charged, t.n AS taken,
        p.row, h.lanes AS holds
