@@ -8,7 +8,9 @@ use relaybus::store::{
     StoreOptions,
 };
 
-use crate::common::{claim_request, open_store, runtime, wait_until, TestDatabase, TestSchema};
+use crate::common::{
+    claim_request, open_store, reads_of, runtime, wait_until, TestDatabase, TestSchema,
+};
 
 /// A publisher on one connection, sending no wake-ups.
 fn store(s: &TestSchema) -> AnyStore {
@@ -62,20 +64,6 @@ fn index_stat(s: &TestSchema, counter: &str, index: &str) -> i64 {
           AND indexrelname = '{index}'",
         s.name
     ))
-}
-
-/// Sequential scans of a table of the schema, and index entries read through its primary key,
-/// as of now.
-fn reads_of(s: &TestSchema, table: &str) -> (i64, i64) {
-    s.exec("SELECT pg_stat_clear_snapshot()");
-    let r = &s.query(&format!(
-        "SELECT t.seq_scan, i.idx_tup_read FROM pg_stat_user_tables t \
-           JOIN pg_stat_user_indexes i \
-             ON i.relid = t.relid AND i.indexrelname = t.relname || '_pkey' \
-          WHERE t.schemaname = '{}' AND t.relname = 'relaybus_{table}'",
-        s.name
-    ))[0];
-    (r.get(0), r.get(1))
 }
 
 /// The benchmark's event: 160 bytes of payload, one handler.

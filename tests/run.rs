@@ -12,7 +12,8 @@ use sha2::Sha256;
 use crate::common::cluster::TestCluster;
 use crate::common::http::serve;
 use crate::common::{
-    finish, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, Spawned, TestSchema,
+    finish, reads_of, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, Spawned,
+    TestSchema,
 };
 
 fn publish(s: &TestSchema, lines: &[String]) {
@@ -219,14 +220,7 @@ fn a_tuned_drain_keeps_lane_rows_inline_and_within_its_write_budget() {
         .map(|id| event(&id, None, &["h"], serde_json::json!({})))
         .collect();
     publish(&s, &lines);
-    let lane_scans = || {
-        s.exec("SELECT pg_stat_clear_snapshot()");
-        s.count(&format!(
-            "SELECT seq_scan FROM pg_stat_user_tables WHERE schemaname = '{}' \
-              AND relname = 'relaybus_lanes'",
-            s.name
-        ))
-    };
+    let lane_scans = || reads_of(&s, "lanes").0;
     wait_until(
         "the install's scans of the lanes",
         Duration::from_secs(10),

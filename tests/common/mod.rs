@@ -359,6 +359,20 @@ pub fn signal(child: &Child, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
 }
 
+/// Sequential scans of a table of the schema, and index entries read through its primary key,
+/// as of now.
+pub fn reads_of(s: &TestSchema, table: &str) -> (i64, i64) {
+    s.exec("SELECT pg_stat_clear_snapshot()");
+    let r = &s.query(&format!(
+        "SELECT t.seq_scan, i.idx_tup_read FROM pg_stat_user_tables t \
+           JOIN pg_stat_user_indexes i \
+             ON i.relid = t.relid AND i.indexrelname = t.relname || '_pkey' \
+          WHERE t.schemaname = '{}' AND t.relname = 'relaybus_{table}'",
+        s.name
+    ))[0];
+    (r.get(0), r.get(1))
+}
+
 /// Waits until the lanes of `s` list exactly `n` deliveries in flight.
 pub fn wait_in_flight(s: &TestSchema, n: i64) {
     let sql = format!(
