@@ -88,7 +88,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -s h -l he
 complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l type -d 'Event type (publishes one event from flags)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l key -d 'Ordering key: deliveries of one key are handled in publish order, per handler' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l id -d 'Event id (generated when absent). Publishing an existing id is idempotent' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l id -d 'Event id (generated when absent: a ULID). Publishing an existing id is idempotent' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l handler -d 'Handler that gets a delivery of the event (repeatable)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l header -d 'Header `k=v` (repeatable)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l data -d 'Payload as JSON, or @FILE to read it from a file' -r

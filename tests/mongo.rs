@@ -42,8 +42,7 @@ impl Engine {
 
 /// A JSON value with what differs between runs replaced: ids, times, durations and epochs.
 fn shape(v: &Value) -> Value {
-    let uuid =
-        |s: &str| s.len() == 36 && s.chars().filter(|c| *c == '-').count() == 4 && s.is_ascii();
+    let id = |s: &str| s.parse::<ulid::Ulid>().is_ok();
     let time = |s: &str| s.len() >= 19 && s.as_bytes()[4] == b'-' && s.as_bytes()[10] == b'T';
     match v {
         Value::Object(m) => Value::Object(
@@ -60,7 +59,7 @@ fn shape(v: &Value) -> Value {
                 .collect(),
         ),
         Value::Array(items) => Value::Array(items.iter().map(shape).collect()),
-        Value::String(s) if uuid(s) => json!("<id>"),
+        Value::String(s) if id(s) => json!("<id>"),
         Value::String(s) if time(s) => json!("<time>"),
         other => other.clone(),
     }

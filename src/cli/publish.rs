@@ -35,7 +35,7 @@ pub struct PublishArgs {
     /// Ordering key: deliveries of one key are handled in publish order, per handler.
     #[arg(long)]
     pub key: Option<String>,
-    /// Event id (generated when absent). Publishing an existing id is idempotent.
+    /// Event id (generated when absent: a ULID). Publishing an existing id is idempotent.
     #[arg(long)]
     pub id: Option<String>,
     /// Handler that gets a delivery of the event (repeatable).
@@ -82,10 +82,7 @@ fn from_flags(args: &PublishArgs, event_type: &str, limits: &EventLimits) -> Res
         .iter()
         .map(|(k, v)| (k.clone(), Value::String(v.clone())))
         .collect();
-    let id = args
-        .id
-        .clone()
-        .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    let id = args.id.clone().unwrap_or_else(crate::store::new_id);
     NewEvent::new(
         id,
         event_type.to_owned(),

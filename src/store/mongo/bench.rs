@@ -311,15 +311,9 @@ impl BenchStore for MongoStore {
         let deliveries: Vec<Document> = events
             .iter()
             .flat_map(|e| {
-                e.handlers.iter().map(|h| {
-                    delivery(
-                        uuid::Uuid::now_v7().to_string(),
-                        &e.id,
-                        h,
-                        e.key.as_deref(),
-                        None,
-                    )
-                })
+                e.handlers
+                    .iter()
+                    .map(|h| delivery(crate::store::new_id(), &e.id, h, e.key.as_deref(), None))
             })
             .collect();
         let failed = self.conn.error("floor: insert");

@@ -46,11 +46,7 @@ impl MongoStore {
                     payload: json::to_bson(&e.payload).map_err(invalid)?,
                     headers: json::to_document(&e.headers).map_err(invalid)?,
                     lane: i32::from(lane_of(e.key.as_deref(), &e.id)),
-                    delivery_ids: e
-                        .handlers
-                        .iter()
-                        .map(|_| uuid::Uuid::now_v7().to_string())
-                        .collect(),
+                    delivery_ids: e.handlers.iter().map(|_| crate::store::new_id()).collect(),
                     event: e,
                 })
             })

@@ -171,7 +171,7 @@ impl BenchStore for PgStore {
             (vec![], vec![], vec![], vec![], vec![]);
         for e in events {
             for h in &handlers {
-                d_ids.push(uuid::Uuid::now_v7().to_string());
+                d_ids.push(crate::store::new_id());
                 d_events.push(e.id.as_str());
                 d_handlers.push(*h);
                 d_lanes.push(lane_of(e.key.as_deref(), &e.id));

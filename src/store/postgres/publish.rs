@@ -61,7 +61,7 @@ impl PgStore {
             for h in &e.handlers {
                 d_events.push(e.id.as_str());
                 d_handlers.push(h.as_str());
-                d_ids.push(uuid::Uuid::now_v7().to_string());
+                d_ids.push(crate::store::new_id());
                 d_lanes.push(lane);
                 d_keys.push(e.key.as_deref());
             }
