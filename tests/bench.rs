@@ -174,6 +174,44 @@ fn publish_and_dispatch_are_measured_exactly_on_mongodb() {
     assert!(!report.contains("WAL B/unit"), "{report}");
 }
 
+/// `--compare` alternates the two binaries and prints the median ratio per cell; with `--json`
+/// standard output is the samples alone, so that a script can parse it.
+#[test]
+fn a_comparison_prints_its_ratios_and_with_json_only_the_samples() {
+    // The same build under another name: the samples are told apart by the binary's path.
+    let dir = tempfile::tempdir().unwrap();
+    let other = dir.path().join("relaybus-other");
+    std::fs::copy(assert_cmd::cargo::cargo_bin("relaybus"), &other).unwrap();
+    let compare = |json: bool| {
+        let mut cmd = crate::common::relaybus();
+        cmd.timeout(Duration::from_secs(120))
+            .env("RELAYBUS_DATABASE_URL", database_url())
+            .args(["bench", "--cell", "pub-p1-b1", "--no-floor", "--yes"])
+            .args(["--warmup", "200ms", "--window", "500ms", "--compare"])
+            .arg(&other);
+        if json {
+            cmd.arg("--json");
+        }
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        stdout(&o)
+    };
+    let text = compare(false);
+    let ratio = format!("pub-p1-b1: {} / base median ", other.display());
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with(&ratio)).count(),
+        1,
+        "{text}"
+    );
+    let samples: Vec<Value> = serde_json::from_str(&compare(true)).unwrap();
+    let binaries: Vec<&str> = samples
+        .iter()
+        .map(|s| s["binary"].as_str().unwrap())
+        .collect();
+    assert_eq!(binaries.len(), 2, "{binaries:?}");
+    assert_eq!(binaries[1], other.display().to_string());
+}
+
 /// A bench beside a store with deliveries in it asks first; without a terminal to ask on and
 /// without --yes it names the store and measures nothing.
 #[test]

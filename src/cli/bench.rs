@@ -202,7 +202,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<Ex
             noisy.join(", ")
         ))?;
     }
-    if let Some(c) = &candidate {
+    if let Some(c) = candidate.as_ref().filter(|_| !out.json) {
         for (cell, r) in report::ratios(&samples, &base.display().to_string()) {
             if let Some(m) = report::median(&r) {
                 out.line(format!(
