@@ -48,8 +48,8 @@ fn publish_from_flags_writes_one_event_and_its_deliveries() {
     );
 }
 
-/// Generated ids are ULIDs: 26 characters, in creation order under the database's collation,
-/// so new rows go to the right edge of the keys. They are also 10 characters shorter than a
+/// Generated ids are ULIDs: 26 characters, in creation order under the test database's
+/// collation, so new rows go to the right edge of the keys. They are also 10 characters shorter than a
 /// UUID's text in every delivery row, key entry and in-flight list.
 #[test]
 fn generated_event_and_delivery_ids_are_ulids_in_creation_order() {

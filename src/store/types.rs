@@ -6,8 +6,9 @@ use serde_json::{Map, Value};
 use super::StoreError;
 
 /// A new event or delivery id: a time-ordered UUIDv7 written as a ULID (26 characters of
-/// Crockford base32, sorted in creation order under any collation). Shorter than the UUID's 36
-/// characters, it keeps delivery rows, their key and lanes' in-flight lists smaller.
+/// Crockford base32: digits and upper-case letters, in creation order wherever digits sort
+/// before letters and letters alphabetically). Shorter than the UUID's 36 characters, it keeps
+/// delivery rows, their key and lanes' in-flight lists smaller.
 pub fn new_id() -> String {
     ulid::Ulid::from(uuid::Uuid::now_v7()).to_string()
 }
