@@ -49,19 +49,15 @@ fn publish_from_flags_writes_one_event_and_its_deliveries() {
 }
 
 /// Generated ids are ULIDs: 26 characters, in creation order under the test database's
-/// collation, so new rows go to the right edge of the keys. They are also 10 characters shorter than a
-/// UUID's text in every delivery row, key entry and in-flight list.
+/// collation, so new rows go to the right edge of the keys. They are also 10 characters shorter
+/// than a UUID's text in every delivery row, key entry and in-flight list.
 #[test]
 fn generated_event_and_delivery_ids_are_ulids_in_creation_order() {
     let s = TestSchema::installed("publish_generated_ids");
-    let lines: String = (0..50)
-        .map(|i| format!("{{\"type\":\"t\",\"payload\":{i}}}\n"))
+    let events: Vec<_> = (0..50)
+        .map(|i| json!({"type": "t", "payload": i, "handlers": ["h"]}))
         .collect();
-    s.cmd()
-        .args(["publish", "--handler", "h"])
-        .write_stdin(lines)
-        .assert()
-        .success();
+    s.publish(&events);
     for (table, column) in [
         ("events", "id"),
         ("deliveries", "id"),

@@ -483,10 +483,10 @@ impl Claimer {
         let claimed = shared.store.claim(&request).await;
         let metrics = &shared.reporter.metrics;
         match claimed {
-            Ok(claimed) => {
+            Ok(mut claimed) => {
                 metrics.claimed(claimed.0.len(), started.elapsed());
                 self.claim_retries.reset();
-                self.held.clone_from(&claimed.1.held);
+                self.held = claimed.1.held.take();
                 Some(claimed)
             }
             Err(e) if e.stops_worker() => {
