@@ -243,6 +243,68 @@ fn a_completion_finds_its_rows_where_the_claim_found_them() {
     assert_eq!(s.count(&format!("SELECT count(*) FROM {deliveries}")), 0);
 }
 
+/// A claim takes as many free lanes as its batch needs beyond the room of the lanes it holds (a
+/// lane keeps at most 30 in flight), even when the worker asks for no search because its last
+/// claim was full: a stream whose last batch is still being recorded then claims a whole batch,
+/// not the room its held lanes have left (20 here; 84 a claim on average in a tuned drain of
+/// 200,000 while only the worker's search took lanes, 96-97 since).
+#[test]
+fn a_claim_takes_the_free_lanes_its_held_lanes_lack_room_for() {
+    let s = TestSchema::installed("budget_lane_room");
+    let mut per_lane = [0; 8];
+    let events: Vec<_> = (0..)
+        .map(|i| format!("ev-{i}"))
+        .filter(|id| {
+            let lane = relaybus::store::lane::lane_of(None, id) as usize;
+            let take = lane < 8 && per_lane[lane] < 40;
+            if take {
+                per_lane[lane] += 1;
+            }
+            take
+        })
+        .take(320)
+        .map(|id| serde_json::json!({"id": id, "type": "t", "handlers": ["h"]}))
+        .collect();
+    s.publish(&events);
+    let by_lane = |claimed: &[ClaimedDelivery]| {
+        let mut counts = std::collections::BTreeMap::<i16, usize>::new();
+        for d in claimed {
+            *counts.entry(d.token.lane).or_default() += 1;
+        }
+        let mut counts: Vec<usize> = counts.into_values().collect();
+        counts.sort_unstable();
+        counts
+    };
+    let (first, stats) = claim_in_a_session_of_its_own(
+        &s,
+        &ClaimRequest {
+            new_lanes: 4,
+            ..claim_of_100()
+        },
+    );
+    assert_eq!(
+        (by_lane(&first), stats.lanes_taken),
+        (vec![10, 30, 30, 30], 4)
+    );
+    let (second, stats) = claim_in_a_session_of_its_own(
+        &s,
+        &ClaimRequest {
+            outstanding: first.iter().map(|d| d.token.delivery_id.clone()).collect(),
+            new_lanes: 0,
+            held: stats.held,
+            ..claim_of_100()
+        },
+    );
+    assert_eq!(
+        (by_lane(&second), stats.lanes_taken),
+        (vec![10, 30, 30, 30], 3)
+    );
+    let lanes = |claimed: &[ClaimedDelivery]| -> std::collections::BTreeSet<i16> {
+        claimed.iter().map(|d| d.token.lane).collect()
+    };
+    assert_eq!(lanes(&first).intersection(&lanes(&second)).count(), 1);
+}
+
 /// A claim reports the lanes its worker holds once it is recorded, and the next claim reads
 /// those and no other: each held lane's key four times (found, locked, its snapshot's version,
 /// written), and no lane page besides. Finding them by owner read every lane's page, a

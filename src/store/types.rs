@@ -268,7 +268,9 @@ pub struct ClaimRequest {
     /// Per handler (same order): a takeover that charges the last attempt buries the delivery.
     pub max_attempts: Vec<i32>,
     pub batch: i64,
-    /// How many free or expired lanes to take at most in this claim.
+    /// How many free or expired lanes to take at most in this claim; more when the lanes it
+    /// holds have no room for the whole batch (PostgreSQL keeps at most 30 deliveries in flight
+    /// in a lane), as many as the rest of the batch needs.
     pub new_lanes: i64,
     pub lease: std::time::Duration,
     /// Deliveries of earlier claims the worker still has: running, or waiting for their

@@ -6,15 +6,16 @@
 -- outstanding, $8 where the free-lane search starts, $9 the most deliveries a lane keeps in
 -- flight; the claim holds and takes only lanes whose number is $11 modulo $10 (its stream's).
 -- $12 the lanes the stream's previous claim reported it holds, or NULL to find them by owner.
+-- More lanes than $5 are taken when the held lanes' room leaves more of the batch to fill.
 -- params: text, float8, text[], int8, int8, int4[], text[], int2, int4, int2, int2, int2[]
 WITH ours AS (
   -- The lanes of the stream this worker holds under a live lease, as the snapshot shows them,
-  -- and whether each has room for another delivery: a lane that runs $9 is neither picked from
-  -- nor written, so it is not locked either (a row lock is a write). They are named as the
+  -- and the room each has for more deliveries: a lane that runs $9 is neither picked from nor
+  -- written, so it is not locked either (a row lock is a write). They are named as the
   -- previous claim reported them: finding them by owner reads every lane's page, which only
   -- a stream's first claim and one after a failure do.
-  SELECT l.lane, (SELECT count(*) FROM unnest(l.in_flight) AS x
-                   WHERE x IN (SELECT unnest($7::text[]))) < $9 AS room
+  SELECT l.lane, greatest($9 - (SELECT count(*) FROM unnest(l.in_flight) AS x
+                                  WHERE x IN (SELECT unnest($7::text[]))), 0) AS room
     FROM "{{schema}}"."{{prefix}}lanes" l
    WHERE l.lane = ANY (coalesce($12, ARRAY(SELECT o.lane FROM "{{schema}}"."{{prefix}}lanes" o
                                             WHERE o.lease_owner = $1)))
@@ -26,12 +27,14 @@ WITH ours AS (
          ARRAY(SELECT x FROM unnest(l.in_flight) AS x WHERE x IN (SELECT unnest($7::text[])))
            AS running
     FROM "{{schema}}"."{{prefix}}lanes" l
-   WHERE l.lane = ANY (ARRAY(SELECT lane FROM ours WHERE room))
+   WHERE l.lane = ANY (ARRAY(SELECT lane FROM ours WHERE room > 0))
      AND l.lease_owner = $1 AND l.lease_expires_at > now()
    ORDER BY l.lane FOR UPDATE
 ), candidates AS (
   -- Free or expired lanes of the stream with due work for these handlers, probed one by one
-  -- from the $8th until $5 have some; the probe follows the due index's order.
+  -- from the $8th until enough have some: $5, or more when the held lanes lack room for the
+  -- batch (the last batch may still be recorded in them); the probe follows the due index's
+  -- order.
   SELECT c.lane FROM (SELECT ($11 + $10 * ((g + $8) % (256 / $10)))::int2 AS lane
                         FROM generate_series(0, 256 / $10 - 1) g) c
    WHERE (SELECT true FROM "{{schema}}"."{{prefix}}lanes" l
@@ -39,7 +42,7 @@ WITH ours AS (
      AND (SELECT true FROM "{{schema}}"."{{prefix}}deliveries" d
            WHERE d.lane = c.lane AND d.status = 'pending' AND d.available_at <= now()
              AND d.handler = ANY ($3) ORDER BY d.available_at LIMIT 1)
-   LIMIT $5
+   LIMIT greatest($5, (SELECT ceil(($4 - coalesce(sum(room), 0)) / $9::numeric) FROM ours))
 ), taken AS (
   -- The candidates, locked unless another claimer has them, and still free.
   SELECT l.lane, l.epoch, l.in_flight, l.lease_owner IS NOT NULL AS takeover
@@ -136,7 +139,7 @@ WITH ours AS (
 ), holds AS (
   -- The stream's lanes this worker holds once the claim commits: full ones left alone, and those
   -- written with a lease or still running. The next claim starts from these.
-  SELECT ARRAY(SELECT lane FROM ours WHERE NOT room
+  SELECT ARRAY(SELECT lane FROM ours WHERE room = 0
                UNION ALL
                SELECT m.lane FROM mine m LEFT JOIN picks p USING (lane)
                 WHERE m.takeover OR p.ids IS NOT NULL OR cardinality(m.running) > 0) AS lanes
