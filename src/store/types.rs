@@ -269,8 +269,8 @@ pub struct ClaimRequest {
     pub max_attempts: Vec<i32>,
     pub batch: i64,
     /// How many free or expired lanes to take at most in this claim; more when the lanes it
-    /// holds have no room for the whole batch (PostgreSQL keeps at most 30 deliveries in flight
-    /// in a lane), as many as the rest of the batch needs.
+    /// holds have no room for the whole batch (PostgreSQL caps a lane's in-flight list), as
+    /// many as the rest of the batch needs.
     pub new_lanes: i64,
     pub lease: std::time::Duration,
     /// Deliveries of earlier claims the worker still has: running, or waiting for their
