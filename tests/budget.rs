@@ -356,3 +356,47 @@ fn a_claim_reads_only_the_lanes_the_claim_before_reported_held() {
         lanes.len()
     );
 }
+
+/// An unkeyed delivery is picked from the first 60 due rows of its lane (the 30 a lane may run
+/// and 30 more): behind 60 older deliveries of one key it waits, behind 59 it is picked with
+/// the key's head. Each keyed lane a claim visits reads that window, whatever it finds in it.
+#[test]
+fn an_unkeyed_delivery_is_picked_from_the_first_sixty_due_rows_of_its_lane() {
+    use relaybus::store::lane::lane_of;
+    let s = TestSchema::installed("budget_unkeyed_window");
+    let lane = lane_of(Some("k"), "");
+    let unkeyed = (0..)
+        .map(|i| format!("u-{i}"))
+        .find(|id| lane_of(None, id) == lane)
+        .unwrap();
+    let keyed: Vec<_> = (0..60)
+        .map(|i| serde_json::json!({"id": format!("k-{i}"), "key": "k", "type": "t", "handlers": ["h"]}))
+        .collect();
+    s.publish(&keyed);
+    s.publish(&[serde_json::json!({"id": unkeyed, "type": "t", "handlers": ["h"]})]);
+    let events = |claimed: &[ClaimedDelivery]| -> Vec<String> {
+        claimed.iter().map(|d| d.event_id.clone()).collect()
+    };
+    let (first, stats) = claim_in_a_session_of_its_own(&s, &claim_of_100());
+    assert_eq!(events(&first), ["k-0"]);
+    let completer = open_store(&s, StoreOptions::worker(1));
+    let tokens: Vec<_> = first.iter().map(|d| d.token.clone()).collect();
+    assert_eq!(
+        runtime()
+            .block_on(completer.complete(&tokens, false))
+            .unwrap()
+            .len(),
+        1
+    );
+    let (second, _) = claim_in_a_session_of_its_own(
+        &s,
+        &ClaimRequest {
+            new_lanes: 0,
+            held: stats.held,
+            ..claim_of_100()
+        },
+    );
+    let mut second = events(&second);
+    second.sort();
+    assert_eq!(second, ["k-1", unkeyed.as_str()]);
+}

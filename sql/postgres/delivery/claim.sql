@@ -85,13 +85,13 @@ WITH ours AS (
   SELECT p.* FROM (SELECT *, greatest($9 - cardinality(running), 0) AS room FROM mine
                     WHERE NOT takeover ORDER BY cardinality(running) > 0, fresh, lane) m
   CROSS JOIN LATERAL (SELECT * FROM (
-    -- Unkeyed: from the lane's first due rows, past what it runs, with 100 to spare.
+    -- Unkeyed: from the lane's first due rows, past what it runs, with $9 to spare.
     (SELECT u.id, u.lane, m.epoch, u.claims, u.attempts, u.handler, u.event_id, u.available_at,
             u.row
        FROM (SELECT d.id, d.lane, d.claims, d.attempts, d.handler, d.event_id, d.available_at,
                     d.key, d.ctid AS row FROM "{{schema}}"."{{prefix}}deliveries" d
               WHERE d.lane = m.lane AND d.status = 'pending' AND d.available_at <= now()
-              ORDER BY d.available_at, d.id LIMIT m.room + cardinality(m.running) + 100) u
+              ORDER BY d.available_at, d.id LIMIT m.room + cardinality(m.running) + $9) u
       WHERE u.key IS NULL AND u.handler = ANY ($3) AND u.id NOT IN (SELECT id FROM busy)
       LIMIT m.room)
     UNION ALL
