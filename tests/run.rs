@@ -189,21 +189,22 @@ fn the_happy_path_writes_no_delivery_row_and_hot_lane_updates() {
     assert!(upd > 0);
     assert_eq!(del, 0);
     // Every lane update is eligible for HOT (no indexed column changes); each one is HOT when
-    // its new version finds room on the lane's page, which the install makes sure of by putting
-    // two lanes on a page. With 60 lanes to a page, 2-3% of these updates moved a row instead.
+    // its new version finds room on the lane's page, which the install makes sure of by giving
+    // each lane a page of its own. With 60 lanes to a page, 2-3% of these updates moved a row
+    // instead.
     assert_eq!(hot, upd, "{hot} of {upd} lane updates were HOT");
 }
 
 /// The regression budget of a tuned drain (two claim streams of 100) over four busy lanes: no
 /// delivery row written but its insert and delete, every lane update HOT, no lane row ever
-/// written to TOAST (a lane keeps at most 30 ids in flight, so its row stays inline and two
-/// lanes' versions share a page: with 200 a lane, 58 rows went to TOAST here; with 40, one
-/// update in 400 was not HOT in a third of the runs), and lane updates within 4,000 / 30 for
-/// the picks plus what the completions' timing adds (440-455 measured). The test counts the
-/// worker's own writes, so its cluster runs without autovacuum: an analyze of the deliveries in
-/// the middle of the drain holds a snapshot that keeps the lanes' old versions on their pages
-/// for as long as it runs. With autovacuum on, one update in 449 went to another page in one
-/// run of the whole suite. A claim reads only the lanes the claim before reported held: the
+/// written to TOAST (a lane keeps at most 30 ids in flight, so its row stays inline and its
+/// page holds several of its versions: with 200 a lane, 58 rows went to TOAST here; with 40 and
+/// two lanes to a page, one update in 400 was not HOT in a third of the runs), and lane updates
+/// within 4,000 / 30 for the picks plus what the completions' timing adds (192-205 measured,
+/// the install's own aside). The test counts the worker's own writes, so its cluster runs
+/// without autovacuum: an analyze of the deliveries in the middle of the drain holds a snapshot
+/// that keeps the lanes' old versions on their pages for as long as it runs. With autovacuum on
+/// and two lanes to a page, one update in 449 went to another page in one run of the suite. A claim reads only the lanes the claim before reported held: the
 /// lanes are scanned by the first claim of each stream, which finds its lanes by owner, and by
 /// the hand-back at the end (with a lease of an hour, no renewal falls inside the run). A lane
 /// write (the drain's only HOT updates) logs its whole in-flight list: 1,031-1,033 bytes a
@@ -229,6 +230,8 @@ fn a_tuned_drain_keeps_lane_rows_inline_and_within_its_write_budget() {
         || lane_scans() > 0,
     );
     let scans = lane_scans();
+    // The install's own updates of the lanes (two per lane) are counted by now too.
+    let (_, install_updates, install_hot, _) = table_stats(&s, "lanes");
     s.exec("CREATE EXTENSION pg_walinspect");
     let flushed = || -> String { s.query("SELECT pg_current_wal_flush_lsn()::text")[0].get(0) };
     let start = flushed();
@@ -258,10 +261,11 @@ fn a_tuned_drain_keeps_lane_rows_inline_and_within_its_write_budget() {
     assert_eq!(deliveries, (4000, 0, 0, 4000));
     assert_eq!(lane_scans(), scans + 3, "sequential scans of the lanes");
     let (_, upd, hot, _) = table_stats(&s, "lanes");
+    let (upd, hot) = (upd - install_updates, hot - install_hot);
     assert_eq!(hot, upd, "{hot} of {upd} lane updates were HOT");
     assert!(
-        (134..=550).contains(&upd),
-        "{upd} lane updates for 4,000 deliveries"
+        (134..=250).contains(&upd),
+        "{upd} lane updates for 4,000 deliveries (the install's {install_updates} aside)"
     );
     let toasted = s.count(&format!(
         "SELECT coalesce(sum(n_tup_ins), 0)::int8 FROM pg_stat_all_tables \

@@ -112,10 +112,20 @@ fn install_creates_exactly_the_0_2_catalog() {
         )),
         ["256|0|255|0|0|0"]
     );
+    assert_eq!(lane_pages(&s), 256, "pages holding a lane row");
     assert_eq!(
         s.rows(&format!("SELECT version FROM {}", s.table("schema"))),
         ["0.2"]
     );
+}
+
+/// The pages the lane rows lie on. The install gives each lane a page of its own, so that its
+/// versions never compete with another lane's for room (an update that finds none is not HOT).
+fn lane_pages(s: &TestSchema) -> i64 {
+    s.count(&format!(
+        "SELECT count(DISTINCT (ctid::text::point)[0])::int8 FROM {}",
+        s.table("lanes")
+    ))
 }
 
 #[test]
@@ -173,6 +183,7 @@ fn concurrent_setups_end_with_one_correct_schema() {
         s.count(&format!("SELECT count(*) FROM {}", s.table("lanes"))),
         256
     );
+    assert_eq!(lane_pages(&s), 256, "pages holding a lane row");
 }
 
 #[test]
@@ -281,6 +292,7 @@ fn assert_converted(s: &TestSchema) {
         s.count(&format!("SELECT count(*) FROM {}", s.table("lanes"))),
         256
     );
+    assert_eq!(lane_pages(s), 256, "pages holding a lane row");
 }
 
 #[test]

@@ -73,15 +73,24 @@ CREATE TABLE IF NOT EXISTS "{{schema}}"."{{prefix}}lanes" (
   lease_expires_at timestamptz,
   in_flight text[] NOT NULL DEFAULT '{}'
 ) WITH (fillfactor = 50);
--- Two lane rows per page: a row is inserted with a 1,900-byte owner, so that half a page (the
--- fill factor) takes two, and the owner is cleared at once. A lane row stays inline up to about
--- 2 kB (the TOAST threshold), so each lane finds room for its next version on its own page
--- however long its in-flight list grows; 60 small rows to a page ran out of room and moved rows
--- to other pages, updates that are not HOT.
-INSERT INTO "{{schema}}"."{{prefix}}lanes" (lane, lease_owner)
-  SELECT g, repeat('-', 1900) FROM generate_series(0, 255) AS g
-  ON CONFLICT (lane) DO NOTHING;
-UPDATE "{{schema}}"."{{prefix}}lanes" SET lease_owner = NULL WHERE lease_owner = repeat('-', 1900);
+-- One lane row per page: each row is inserted with a 1,900-byte owner and given another at
+-- once, so that its page holds two such versions and the fill factor sends the next row to a
+-- new page; the owners are cleared after. A lane row stays inline up to about 2 kB (the TOAST
+-- threshold), so each lane finds room for several versions on its own page however long its
+-- in-flight list grows. 60 small rows to a page ran out of room and moved rows to other pages,
+-- updates that are not HOT, and so did two busy lanes to a page while an analyze held back
+-- pruning.
+DO $lanes$
+BEGIN
+  FOR g IN 0..255 LOOP
+    INSERT INTO "{{schema}}"."{{prefix}}lanes" (lane, lease_owner) VALUES (g, repeat('-', 1900))
+      ON CONFLICT (lane) DO NOTHING;
+    UPDATE "{{schema}}"."{{prefix}}lanes" SET lease_owner = repeat('+', 1900)
+     WHERE lane = g AND lease_owner = repeat('-', 1900);
+  END LOOP;
+END
+$lanes$;
+UPDATE "{{schema}}"."{{prefix}}lanes" SET lease_owner = NULL WHERE lease_owner = repeat('+', 1900);
 
 -- Per-key sequence counters. The publishing statement locks a key's row until commit, which is
 -- what makes per-key order the commit order.

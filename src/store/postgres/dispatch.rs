@@ -15,10 +15,9 @@ use crate::store::{
 
 /// The most deliveries a claim leaves in flight in one lane. A lane row stays inline (no TOAST)
 /// while it is under about 2 kB, and an update is HOT while the new version finds room on the
-/// lane's page, which it shares with another lane: with 30 ids of 36 characters a version is
-/// about 1.3 kB and six fit a page, so two busy lanes each keep two versions that concurrent
-/// snapshots hold back and still have room. With 40 (1.7 kB, four to a page) about one lane
-/// update in 400 went to another page.
+/// lane's page, which the install gives it alone: with 30 ids of 26 characters a version is
+/// about 1 kB, so the lane keeps several versions that concurrent snapshots hold back and
+/// still has room. A larger cap saved no time in drains (docs/design/delivery-path.md).
 const LANE_IN_FLIGHT: i32 = 30;
 
 /// A jsonb value as compact JSON text, read without building a tree: the server prints
