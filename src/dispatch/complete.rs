@@ -32,13 +32,15 @@ pub(super) struct Running {
     idle: Notify,
 }
 
-/// Counts one claimed delivery until dropped.
-pub(super) struct RunningGuard(Arc<Running>);
+/// Counts one claimed delivery in the worker's count and its claim stream's until dropped.
+pub(super) struct RunningGuard([Arc<Running>; 2]);
 
 impl Running {
-    pub(super) fn enter(self: &Arc<Self>) -> RunningGuard {
-        self.count.fetch_add(1, Ordering::SeqCst);
-        RunningGuard(Arc::clone(self))
+    pub(super) fn enter(worker: &Arc<Running>, stream: &Arc<Running>) -> RunningGuard {
+        for running in [worker, stream] {
+            running.count.fetch_add(1, Ordering::SeqCst);
+        }
+        RunningGuard([Arc::clone(worker), Arc::clone(stream)])
     }
 
     fn none(&self) -> bool {
@@ -52,8 +54,10 @@ impl Running {
 
 impl Drop for RunningGuard {
     fn drop(&mut self) {
-        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.idle.notify_one();
+        for running in &self.0 {
+            if running.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+                running.idle.notify_one();
+            }
         }
     }
 }

@@ -106,15 +106,6 @@ struct Context<S> {
     history: bool,
 }
 
-impl<S> Context<S> {
-    /// Deliveries whose handler has ended and whose outcome is not recorded yet: they still
-    /// hold their lane's room and their key, so a claim made now would find them in flight.
-    fn recording(&self) -> usize {
-        let outstanding = self.outstanding.lock().expect("outstanding lock").len();
-        outstanding.saturating_sub(self.running.count())
-    }
-}
-
 /// A worker: construct it, then `run` it until shutdown (or, with `drain`, until no due work is
 /// left).
 pub struct Dispatcher<S: Store> {
@@ -152,9 +143,12 @@ struct Claimer {
     found_work_at: Option<Instant>,
     /// The last claim picked keyed deliveries: a key's next delivery can be picked only once
     /// the outcome of the one before is recorded, so the next claim waits (at most the linger)
-    /// for the outcomes being recorded rather than finding their keys still in flight. Unkeyed
-    /// claims do not wait: they overlap the recording of the last claim's outcomes.
+    /// for the outcomes of this stream's deliveries being recorded rather than finding their
+    /// keys still in flight. The other stream's keys lie in its own lanes. Unkeyed claims do
+    /// not wait: they overlap the recording of the last claim's outcomes.
     keys_held: bool,
+    /// This stream's deliveries whose handler has not ended.
+    running: Arc<Running>,
     /// The error that stopped claiming, when no retry could cure it.
     fatal: Option<StoreError>,
     /// The lanes this stream holds, as its last claim reported them: the next claim reads only
@@ -220,6 +214,7 @@ impl<S: Store> Dispatcher<S> {
                 claim_retries: CLAIM_RETRY.retries(),
                 found_work_at: None,
                 keys_held: false,
+                running: Arc::default(),
                 fatal: None,
                 held: None,
             })
@@ -432,8 +427,10 @@ impl Claimer {
             return None;
         }
         let full = shared.options.claim_size();
+        // This stream's deliveries whose handler has ended and whose outcome is not recorded
+        // yet: they still hold their lane's room and their key.
         let recording = if self.keys_held {
-            shared.ctx.recording()
+            self.tasks.len().saturating_sub(self.running.count())
         } else {
             0
         };
@@ -527,7 +524,10 @@ impl Claimer {
             .extend(claimed.iter().map(|d| d.token.delivery_id.clone()));
         // The whole claim counts as running before any of it starts, so the completer does not
         // flush the first delivery to finish alone.
-        let guards: Vec<_> = claimed.iter().map(|_| ctx.running.enter()).collect();
+        let guards: Vec<_> = claimed
+            .iter()
+            .map(|_| Running::enter(&ctx.running, &self.running))
+            .collect();
         for (claimed, running) in claimed.into_iter().zip(guards) {
             let slot = reserved
                 .split(1)
