@@ -102,6 +102,16 @@ fn every_kind_of_drift_is_named_with_a_fix_that_repairs_it() {
             stdout(&fix),
             stdout(&after)
         );
+        // A lane the fix restores is free to take, as the install leaves it.
+        assert_eq!(
+            s.count(&format!(
+                "SELECT count(*) FROM {} WHERE lease_owner IS NOT NULL",
+                s.table("lanes")
+            )),
+            0,
+            "{kind}: lanes with an owner after the fix:\n{}",
+            stdout(&fix)
+        );
     }
 }
 

@@ -26,27 +26,40 @@ const HORIZON_SECONDS: f64 = 300.0;
 type Column = (String, bool, Option<String>);
 
 /// The statements of a rendered script that create or fill `table`: its CREATE TABLE, CREATE
-/// INDEX and INSERT statements, found by the first schema-qualified name each one names.
+/// INDEX, INSERT, UPDATE and DO statements, found by the first schema-qualified name each one
+/// names. A DO block ends at the line that closes its body (`$tag$;`).
 fn statements_of(script: &str, ns: &Namespace, table: &str) -> String {
     let qualified = format!("\"{}\".\"", ns.schema());
     let wanted = ns.table_name(table);
     let mut out = String::new();
     let mut statement = String::new();
+    let mut block_end: Option<String> = None;
     for line in script.lines() {
-        let starts = [
-            "CREATE TABLE",
-            "CREATE INDEX",
-            "CREATE UNIQUE INDEX",
-            "INSERT INTO",
-        ]
-        .iter()
-        .any(|k| line.starts_with(k));
-        if statement.is_empty() && !starts {
-            continue;
+        if statement.is_empty() {
+            let starts = [
+                "CREATE TABLE",
+                "CREATE INDEX",
+                "CREATE UNIQUE INDEX",
+                "INSERT INTO",
+                "UPDATE",
+                "DO $",
+            ]
+            .iter()
+            .any(|k| line.starts_with(k));
+            if !starts {
+                continue;
+            }
+            block_end = line
+                .strip_prefix("DO ")
+                .map(|tag| format!("{};", tag.trim_end()));
         }
         statement.push_str(line);
         statement.push('\n');
-        if line.trim_end().ends_with(';') {
+        let ended = match &block_end {
+            Some(end) => line.trim_end() == end,
+            None => line.trim_end().ends_with(';'),
+        };
+        if ended {
             let target = statement.find(&qualified).and_then(|at| {
                 let name = &statement[at + qualified.len()..];
                 name.find('"').map(|end| &name[..end])
@@ -402,9 +415,10 @@ impl PgStore {
                 "256 lane rows, 0..255",
             ),
             _ => {
+                // The install's seeding of the lanes, without the table's creation.
                 let mut fix = statements_of(script, &self.ns, "lanes")
                     .lines()
-                    .skip_while(|l| !l.starts_with("INSERT INTO"))
+                    .skip_while(|l| !l.starts_with("DO $"))
                     .collect::<Vec<_>>()
                     .join("\n")
                     + "\n";
