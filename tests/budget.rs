@@ -46,6 +46,16 @@ fn claim_in_a_session_of_its_own(
     runtime().block_on(store.claim(request)).unwrap()
 }
 
+/// The completion of what a claim returned, by a worker's session that then ends: the ids of
+/// the deliveries it deleted, sorted.
+fn complete_in_a_session_of_its_own(s: &TestSchema, claimed: &[ClaimedDelivery]) -> Vec<String> {
+    let store = open_store(s, StoreOptions::worker(1));
+    let tokens: Vec<_> = claimed.iter().map(|d| d.token.clone()).collect();
+    let mut deleted = runtime().block_on(store.complete(&tokens, false)).unwrap();
+    deleted.sort();
+    deleted
+}
+
 /// A schema with 60 unkeyed events for `h`, ev-0 to ev-59, spread over the lanes.
 fn sixty_unkeyed_events(name: &str) -> TestSchema {
     let s = TestSchema::installed(name);
@@ -224,16 +234,12 @@ fn a_completion_finds_its_rows_where_the_claim_found_them() {
         "UPDATE {deliveries} SET updated_at = updated_at WHERE id || '' = '{}'",
         claimed[0].token.delivery_id
     ));
-    let completer = open_store(&s, StoreOptions::worker(1));
-    let tokens: Vec<_> = claimed.iter().map(|d| d.token.clone()).collect();
-    let mut deleted = runtime()
-        .block_on(completer.complete(&tokens, false))
-        .unwrap();
-    drop(completer);
-    deleted.sort();
-    let mut expected: Vec<String> = tokens.iter().map(|t| t.delivery_id.clone()).collect();
+    let mut expected: Vec<String> = claimed
+        .iter()
+        .map(|d| d.token.delivery_id.clone())
+        .collect();
     expected.sort();
-    assert_eq!(deleted, expected);
+    assert_eq!(complete_in_a_session_of_its_own(&s, &claimed), expected);
     wait_until(
         "the completion's index reads to be counted",
         Duration::from_secs(10),
@@ -379,15 +385,7 @@ fn an_unkeyed_delivery_is_picked_from_the_first_sixty_due_rows_of_its_lane() {
     };
     let (first, stats) = claim_in_a_session_of_its_own(&s, &claim_of_100());
     assert_eq!(events(&first), ["k-0"]);
-    let completer = open_store(&s, StoreOptions::worker(1));
-    let tokens: Vec<_> = first.iter().map(|d| d.token.clone()).collect();
-    assert_eq!(
-        runtime()
-            .block_on(completer.complete(&tokens, false))
-            .unwrap()
-            .len(),
-        1
-    );
+    assert_eq!(complete_in_a_session_of_its_own(&s, &first).len(), 1);
     let (second, _) = claim_in_a_session_of_its_own(
         &s,
         &ClaimRequest {

@@ -204,11 +204,12 @@ fn the_happy_path_writes_no_delivery_row_and_hot_lane_updates() {
 /// the install's own aside). The test counts the worker's own writes, so its cluster runs
 /// without autovacuum: an analyze of the deliveries in the middle of the drain holds a snapshot
 /// that keeps the lanes' old versions on their pages for as long as it runs. With autovacuum on
-/// and two lanes to a page, one update in 449 went to another page in one run of the suite. A claim reads only the lanes the claim before reported held: the
-/// lanes are scanned by the first claim of each stream, which finds its lanes by owner, and by
-/// the hand-back at the end (with a lease of an hour, no renewal falls inside the run). A lane
-/// write (the drain's only HOT updates) logs its whole in-flight list: 1,031-1,033 bytes a
-/// write, 1,261-1,267 while delivery ids were 36-character UUIDs.
+/// and two lanes to a page, one update in 449 went to another page in one run of the suite. A
+/// claim reads only the lanes the claim before reported held: the lanes are scanned by the
+/// first claim of each stream, which finds its lanes by owner, and by the hand-back at the end
+/// (with a lease of an hour, no renewal falls inside the run). A lane write (the drain's only
+/// HOT updates) logs its whole in-flight list: 1,031-1,033 bytes a write, 1,261-1,267 while
+/// delivery ids were 36-character UUIDs.
 #[test]
 fn a_tuned_drain_keeps_lane_rows_inline_and_within_its_write_budget() {
     let cluster = TestCluster::start_with("-c autovacuum=off");
