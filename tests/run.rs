@@ -195,7 +195,7 @@ fn the_happy_path_writes_no_delivery_row_and_hot_lane_updates() {
     assert_eq!(hot, upd, "{hot} of {upd} lane updates were HOT");
 }
 
-/// The regression budget of a tuned drain (two claim streams of 100) over four busy lanes: no
+/// The regression budget of a tuned drain (two claim streams) over four busy lanes: no
 /// delivery row written but its insert and delete, every lane update HOT, no lane row ever
 /// written to TOAST (a lane keeps at most 30 ids in flight, so its row stays inline and its
 /// page holds several of its versions: with 200 a lane, 58 rows went to TOAST here; with 40 and
@@ -274,6 +274,95 @@ fn a_tuned_drain_keeps_lane_rows_inline_and_within_its_write_budget() {
         s.table("lanes")
     ));
     assert_eq!(toasted, 0, "lane rows written to TOAST");
+}
+
+/// The claim budget of a tuned drain: each of the two streams claims up to the batch size, not
+/// half the slots, since neither reserves slots for its claim while it runs (a delivery that
+/// finds its slot taken waits for one). With the slots reserved, a claim took 100 at most and
+/// this drain took 131 claims in two runs; 68-75 in three runs without.
+#[test]
+fn a_tuned_drain_claims_up_to_the_batch_size_in_each_stream() {
+    let cluster = TestCluster::start_with("-c shared_preload_libraries=pg_stat_statements");
+    let s = TestSchema::in_database("run_tuned_claims", &cluster.url());
+    s.cmd().arg("setup").assert().success();
+    let lines: Vec<String> = (0..8000)
+        .map(|i| event(&format!("e{i}"), None, &["h"], serde_json::json!({})))
+        .collect();
+    publish(&s, &lines);
+    s.exec("CREATE EXTENSION pg_stat_statements");
+    s.exec("SELECT pg_stat_statements_reset()");
+    s.cmd()
+        .args(["run", "--handler", "h", "--noop", "--drain"])
+        .args(["--concurrency", "200", "--batch-size", "200"])
+        .timeout(Duration::from_secs(60))
+        .assert()
+        .success()
+        .stdout("handled 8000, failed attempts 0, dead 0, lease lost 0, released 0\n");
+    let claims =
+        s.query("SELECT calls, rows FROM pg_stat_statements WHERE query LIKE '-- Claim:%'");
+    let (calls, rows): (i64, i64) = (claims[0].get(0), claims[0].get(1));
+    assert!(rows >= 8000, "{rows} rows from the claims");
+    assert!(calls <= 100, "{calls} claims for 8,000 deliveries");
+}
+
+/// The two streams' first claims both see all 100 slots free and take 100 each: the first
+/// claim back starts its deliveries, the other's wait for slots. Stopped then, the worker lets
+/// the running ones finish and hands the waiting ones back unstarted, without an attempt.
+#[test]
+fn deliveries_waiting_for_a_slot_are_handed_back_unstarted_at_stop() {
+    let s = TestSchema::installed("run_waiting_released");
+    // 50 events in each of lanes 0 to 7: four lanes of each stream, room for 120 a stream.
+    let lines: Vec<String> = (0..)
+        .map(|i| format!("e{i}"))
+        .filter(|id| relaybus::store::lane::lane_of(None, id) < 8)
+        .take(400)
+        .map(|id| event(&id, None, &["h"], serde_json::json!({})))
+        .collect();
+    publish(&s, &lines);
+    let started = tempfile::tempdir().unwrap();
+    let handler = format!(
+        "touch {}/$RELAYBUS_DELIVERY_ID; sleep 2",
+        started.path().display()
+    );
+    let worker = spawn_worker(
+        &s,
+        &[
+            "--handler",
+            "h",
+            "--exec",
+            &handler,
+            "--concurrency",
+            "100",
+            "--batch-size",
+            "100",
+        ],
+    );
+    let count = || std::fs::read_dir(started.path()).unwrap().count();
+    wait_until("100 handlers to start", Duration::from_secs(20), || {
+        count() == 100
+    });
+    assert_eq!(
+        s.count(&format!(
+            "SELECT sum(cardinality(in_flight))::int8 FROM {}",
+            s.table("lanes")
+        )),
+        200,
+        "deliveries in flight"
+    );
+    signal(&worker, nix::sys::signal::Signal::SIGTERM);
+    let out = finish(worker, Duration::from_secs(30));
+    assert_eq!(count(), 100, "handlers started");
+    assert_eq!(
+        stdout(&out),
+        "handled 100, failed attempts 0, dead 0, lease lost 0, released 100\n"
+    );
+    assert_eq!(
+        s.count(&format!(
+            "SELECT count(*) FILTER (WHERE attempts = 0 AND status = 'pending') FROM {}",
+            s.table("deliveries")
+        )),
+        300
+    );
 }
 
 /// Zero retry delay makes every failure race the next claim of its lane: a claim whose snapshot

@@ -17,7 +17,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, Notify, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
@@ -317,23 +317,22 @@ impl<S: Store> Dispatcher<S> {
                 "stopping: no new claims"
             );
         }
+        // The tokens of deliveries that end without an outcome: aborted, or never started.
+        let mut aborted = Vec::new();
         let deadline = Instant::now() + options.shutdown_grace;
         'grace: for tasks in self.claimers.iter_mut().map(|c| &mut c.tasks) {
             while !tasks.is_empty() && *shutdown.borrow() != Shutdown::Immediate {
                 tokio::select! {
-                    _ = tasks.join_next() => {}
+                    Some(done) = tasks.join_next() => aborted.extend(done.ok().flatten()),
                     _ = tokio::time::sleep_until(deadline) => break 'grace,
                     _ = signalled(&mut shutdown, Shutdown::Immediate) => break 'grace,
                 }
             }
         }
         let _ = cancel.send(true);
-        let mut aborted = Vec::new();
         for tasks in self.claimers.iter_mut().map(|c| &mut c.tasks) {
             while let Some(done) = tasks.join_next().await {
-                if let Ok(Some(token)) = done {
-                    aborted.push(token);
-                }
+                aborted.extend(done.ok().flatten());
             }
         }
         for task in self.background.drain(..) {
@@ -383,10 +382,9 @@ impl Claimer {
     ) {
         while *shutdown.borrow() == Shutdown::Running {
             while self.tasks.try_join_next().is_some() {}
-            let Some(reserved) = self.ready(shared, &mut shutdown).await else {
+            let Some(want) = self.ready(shared, &mut shutdown).await else {
                 continue;
             };
-            let want = reserved.num_permits();
             let searched = self.new_lanes > 0;
             let Some((claimed, stats)) = self.claim(shared, want, &mut shutdown).await else {
                 if self.fatal.is_some() {
@@ -396,7 +394,7 @@ impl Claimer {
             };
             let got = claimed.len();
             self.keys_held = claimed.iter().any(|d| d.key.is_some());
-            self.start(shared, claimed, reserved);
+            self.start(shared, claimed, &shutdown);
             if !self.nothing_to_do(want, got, &stats, searched) {
                 continue;
             }
@@ -407,16 +405,17 @@ impl Claimer {
         }
     }
 
-    /// Waits until a claim is worth making and reserves the slots it may fill, or returns None
-    /// to look again (a slot freed, a signal came). Handlers that finish together free their
-    /// slots together: a moment's wait for them makes one claim of a full batch instead of one
-    /// per handler. After a claim of keyed deliveries it also waits for the outcomes being
-    /// recorded, which free their keys.
+    /// Waits until a claim is worth making and returns how many deliveries it may take (the free
+    /// slots, at most a full claim), or returns None to look again (a slot freed, a signal
+    /// came). Handlers that finish together free their slots together: a moment's wait for them
+    /// makes one claim of a full batch instead of one per handler. After a claim of keyed
+    /// deliveries it also waits for the outcomes being recorded, which free their keys. The
+    /// slots are not reserved: the other stream may claim them too while this claim runs.
     async fn ready<S: Store>(
         &mut self,
         shared: &Shared<S>,
         shutdown: &mut watch::Receiver<Shutdown>,
-    ) -> Option<OwnedSemaphorePermit> {
+    ) -> Option<usize> {
         let slots = &shared.slots;
         let free = slots.available_permits();
         if free == 0 {
@@ -450,9 +449,7 @@ impl Claimer {
             }
         }
         self.linger_until = None;
-        Arc::clone(slots)
-            .try_acquire_many_owned(free.min(full) as u32)
-            .ok()
+        Some(free.min(full))
     }
 
     /// One claim; a failing one is logged and retried after a back-off.
@@ -509,13 +506,14 @@ impl Claimer {
         }
     }
 
-    /// Starts a task per claimed delivery, each with one of the reserved slots; the slots the
-    /// claim did not fill are freed.
+    /// Starts a task per claimed delivery, each with a slot taken now; when the other stream's
+    /// claim took the slots first, the rest wait for one, and one still waiting when the worker
+    /// stops is handed back unstarted.
     fn start<S: Store>(
         &mut self,
         shared: &Shared<S>,
         claimed: Vec<ClaimedDelivery>,
-        mut reserved: OwnedSemaphorePermit,
+        shutdown: &watch::Receiver<Shutdown>,
     ) {
         let ctx = &shared.ctx;
         ctx.outstanding
@@ -529,14 +527,25 @@ impl Claimer {
             .map(|_| Running::enter(&ctx.running, &self.running))
             .collect();
         for (claimed, running) in claimed.into_iter().zip(guards) {
-            let slot = reserved
-                .split(1)
-                .expect("a claim never exceeds the slots reserved for it");
             let ctx = Arc::clone(ctx);
+            let free = Arc::clone(&shared.slots).try_acquire_owned().ok();
+            let slots = Arc::clone(&shared.slots);
+            let mut stopping = shutdown.clone();
             let cancel = shared.cancel.subscribe();
             self.tasks.spawn(async move {
                 let id = claimed.token.delivery_id.clone();
-                let aborted = delivery::run(&ctx, claimed, running, slot, cancel).await;
+                let slot = match free {
+                    Some(slot) => Some(slot),
+                    None => tokio::select! {
+                        biased;
+                        slot = slots.acquire_owned() => slot.ok(),
+                        _ = signalled(&mut stopping, Shutdown::Graceful) => None,
+                    },
+                };
+                let aborted = match slot {
+                    Some(slot) => delivery::run(&ctx, claimed, running, slot, cancel).await,
+                    None => Some(claimed.token),
+                };
                 ctx.outstanding
                     .lock()
                     .expect("outstanding lock")

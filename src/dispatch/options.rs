@@ -54,10 +54,11 @@ impl DispatchOptions {
         }
     }
 
-    /// The most deliveries one claim of a stream takes: the batch size, or the stream's share
-    /// of the slots when that is less.
+    /// The most deliveries one claim of a stream takes: the batch size, or the slots when that
+    /// is less. Two streams may claim the same free slots at once; a delivery that finds none
+    /// waits for one (docs/design/delivery-path.md, "Slots are taken, not reserved").
     pub fn claim_size(&self) -> usize {
-        self.batch_size.min(self.concurrency / self.claim_streams())
+        self.batch_size.min(self.concurrency)
     }
 
     /// A second stream's claims are worth their fixed cost only when they are this large.
