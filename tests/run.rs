@@ -16,6 +16,16 @@ use crate::common::{
     TestSchema,
 };
 
+/// `count` unkeyed events for handler `h` whose ids fall in lanes 0 to `lanes` - 1.
+fn events_in_lanes(lanes: i16, count: usize) -> Vec<String> {
+    (0..)
+        .map(|i| format!("e{i}"))
+        .filter(|id| relaybus::store::lane::lane_of(None, id) < lanes)
+        .take(count)
+        .map(|id| event(&id, None, &["h"], serde_json::json!({})))
+        .collect()
+}
+
 fn publish(s: &TestSchema, lines: &[String]) {
     let out = s
         .cmd()
@@ -217,13 +227,7 @@ fn a_tuned_drain_keeps_lane_rows_inline_and_within_its_write_budget() {
     s.cmd().arg("setup").assert().success();
     // 1,000 events in each of lanes 0 to 3, two of each stream's, so that lanes could hold far
     // more than 30 in flight.
-    let lines: Vec<String> = (0..)
-        .map(|i| format!("e{i}"))
-        .filter(|id| relaybus::store::lane::lane_of(None, id) < 4)
-        .take(4000)
-        .map(|id| event(&id, None, &["h"], serde_json::json!({})))
-        .collect();
-    publish(&s, &lines);
+    publish(&s, &events_in_lanes(4, 4000));
     let lane_scans = || reads_of(&s, "lanes").0;
     wait_until(
         "the install's scans of the lanes",
@@ -312,13 +316,7 @@ fn a_tuned_drain_claims_up_to_the_batch_size_in_each_stream() {
 fn deliveries_waiting_for_a_slot_are_handed_back_unstarted_at_stop() {
     let s = TestSchema::installed("run_waiting_released");
     // 50 events in each of lanes 0 to 7: four lanes of each stream, room for 120 a stream.
-    let lines: Vec<String> = (0..)
-        .map(|i| format!("e{i}"))
-        .filter(|id| relaybus::store::lane::lane_of(None, id) < 8)
-        .take(400)
-        .map(|id| event(&id, None, &["h"], serde_json::json!({})))
-        .collect();
-    publish(&s, &lines);
+    publish(&s, &events_in_lanes(8, 400));
     let started = tempfile::tempdir().unwrap();
     let handler = format!(
         "touch {}/$RELAYBUS_DELIVERY_ID; sleep 2",

@@ -528,15 +528,16 @@ impl Claimer {
             .collect();
         for (claimed, running) in claimed.into_iter().zip(guards) {
             let ctx = Arc::clone(ctx);
-            let free = Arc::clone(&shared.slots).try_acquire_owned().ok();
-            let slots = Arc::clone(&shared.slots);
-            let mut stopping = shutdown.clone();
+            // What a delivery without a free slot needs to wait for one, cloned only then.
+            let slot = Arc::clone(&shared.slots)
+                .try_acquire_owned()
+                .map_err(|_| (Arc::clone(&shared.slots), shutdown.clone()));
             let cancel = shared.cancel.subscribe();
             self.tasks.spawn(async move {
                 let id = claimed.token.delivery_id.clone();
-                let slot = match free {
-                    Some(slot) => Some(slot),
-                    None => tokio::select! {
+                let slot = match slot {
+                    Ok(slot) => Some(slot),
+                    Err((slots, mut stopping)) => tokio::select! {
                         biased;
                         slot = slots.acquire_owned() => slot.ok(),
                         _ = signalled(&mut stopping, Shutdown::Graceful) => None,
