@@ -363,6 +363,56 @@ fn deliveries_waiting_for_a_slot_are_handed_back_unstarted_at_stop() {
     );
 }
 
+/// Without a backlog a stream claims at once, though a running handler holds one of its slots:
+/// waiting for a full claim's free slots would hold each event for the linger (with a
+/// completion window of 1 s, two seconds). The slow handler runs until the second event's
+/// handler has run.
+#[test]
+fn a_running_handler_does_not_hold_back_the_next_claim_at_light_load() {
+    let s = TestSchema::installed("run_light_load");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    let handler = format!(
+        "touch {d}/$RELAYBUS_EVENT_ID; [ $RELAYBUS_EVENT_ID = fast ] && exit 0; \
+         for i in $(seq 100); do [ -e {d}/fast ] && exit 0; sleep 0.1; done; exit 1"
+    );
+    let worker = spawn_worker(
+        &s,
+        &[
+            "--handler",
+            "h",
+            "--exec",
+            &handler,
+            "--concurrency",
+            "200",
+            "--batch-size",
+            "200",
+            "--completion-window",
+            "1s",
+        ],
+    );
+    publish(&s, &[event("slow", None, &["h"], serde_json::json!({}))]);
+    wait_until("the slow handler to start", Duration::from_secs(20), || {
+        dir.path().join("slow").exists()
+    });
+    publish(&s, &[event("fast", None, &["h"], serde_json::json!({}))]);
+    let published = std::time::Instant::now();
+    wait_until("the fast handler to run", Duration::from_secs(20), || {
+        dir.path().join("fast").exists()
+    });
+    let waited = published.elapsed();
+    assert!(
+        waited < Duration::from_secs(1),
+        "the second event waited {waited:?} for a claim"
+    );
+    signal(&worker, nix::sys::signal::Signal::SIGTERM);
+    let out = finish(worker, Duration::from_secs(30));
+    assert_eq!(
+        stdout(&out),
+        "handled 2, failed attempts 0, dead 0, lease lost 0, released 0\n"
+    );
+}
+
 /// Zero retry delay makes every failure race the next claim of its lane: a claim whose snapshot
 /// predates the failure must not pick the delivery again (that showed as "lease lost" and a
 /// second run of the same attempt).

@@ -138,6 +138,8 @@ struct Claimer {
     tasks: JoinSet<Option<LeaseToken>>,
     wake: Arc<Notify>,
     new_lanes: i64,
+    /// How many deliveries the last claim found.
+    last_found: usize,
     linger_until: Option<Instant>,
     claim_retries: Retries,
     found_work_at: Option<Instant>,
@@ -210,6 +212,7 @@ impl<S: Store> Dispatcher<S> {
                 tasks: JoinSet::new(),
                 wake: Arc::new(Notify::new()),
                 new_lanes: FIRST_NEW_LANES,
+                last_found: 0,
                 linger_until: None,
                 claim_retries: CLAIM_RETRY.retries(),
                 found_work_at: None,
@@ -393,6 +396,7 @@ impl Claimer {
                 continue;
             };
             let got = claimed.len();
+            self.last_found = got;
             self.keys_held = claimed.iter().any(|d| d.key.is_some());
             self.start(shared, claimed, &shutdown);
             if !self.nothing_to_do(want, got, &stats, searched) {
@@ -407,10 +411,12 @@ impl Claimer {
 
     /// Waits until a claim is worth making and returns how many deliveries it may take (the free
     /// slots, at most a full claim), or returns None to look again (a slot freed, a signal
-    /// came). Handlers that finish together free their slots together: a moment's wait for them
-    /// makes one claim of a full batch instead of one per handler. After a claim of keyed
-    /// deliveries it also waits for the outcomes being recorded, which free their keys. The
-    /// slots are not reserved: the other stream may claim them too while this claim runs.
+    /// came). While a backlog lasts, handlers that finish together free their slots together: a
+    /// moment's wait for as many as the last claim found makes one claim of a full batch
+    /// instead of one per handler. At light load the last claim found few, and the next goes
+    /// at once rather than wait for slots it would not fill. After a claim of keyed deliveries
+    /// it also waits for the outcomes being recorded, which free their keys. The slots are not
+    /// reserved: the other stream may claim them too while this claim runs.
     async fn ready<S: Store>(
         &mut self,
         shared: &Shared<S>,
@@ -433,14 +439,16 @@ impl Claimer {
         } else {
             0
         };
-        if free < full || recording > 0 {
+        // As many as the last claim found: a backlog fills them, a trickle does not.
+        let wanted = full.min(self.last_found);
+        if free < wanted || recording > 0 {
             let linger = shared.options.completion_window * 2 + CLAIM_LINGER;
             let until = *self
                 .linger_until
                 .get_or_insert_with(|| Instant::now() + linger);
             if Instant::now() < until {
                 tokio::select! {
-                    slots = slots.acquire_many(full as u32), if free < full => drop(slots),
+                    slots = slots.acquire_many(wanted as u32), if free < wanted => drop(slots),
                     Some(_) = self.tasks.join_next(), if recording > 0 && !self.tasks.is_empty() => {}
                     _ = tokio::time::sleep_until(until) => {}
                     _ = next_signal(shutdown) => {}
