@@ -97,7 +97,7 @@ impl Drop for TestDatabase {
 pub struct TestSchema {
     pub name: String,
     pub client: Client,
-    url: String,
+    pub url: String,
 }
 
 impl TestSchema {
