@@ -396,7 +396,6 @@ impl Claimer {
                 continue;
             };
             let got = claimed.len();
-            self.last_found = got;
             self.keys_held = claimed.iter().any(|d| d.key.is_some());
             self.start(shared, claimed, &shutdown);
             if !self.nothing_to_do(want, got, &stats, searched) {
@@ -566,7 +565,8 @@ impl Claimer {
 
     /// Learns from a claim: how widely the next one searches for free lanes (a full batch from
     /// the lanes it holds needs no search; a short one widens it, 4, 8, 16... lanes at a
-    /// time). True when the claim found nothing, so the stream may rest.
+    /// time), and how many free slots it waits for. True when the claim found nothing, so the
+    /// stream may rest.
     fn nothing_to_do(
         &mut self,
         want: usize,
@@ -580,6 +580,7 @@ impl Claimer {
                 "took over expired lanes; charged one attempt to each delivery they had in flight"
             );
         }
+        self.last_found = got;
         self.new_lanes = if got == want {
             0
         } else {
