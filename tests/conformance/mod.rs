@@ -1,23 +1,59 @@
 //! The store conformance suite: every behaviour the commands and the dispatcher rely on,
 //! asserted only through the `Store` trait, run unchanged against each engine. `suite` holds
 //! the story, generic over `S: Store`; each engine's module opens a fresh, empty namespace per
-//! test and instantiates the suite with `conformance!`.
+//! test and instantiates the whole suite with `conformance!(open)`, so no test can run on one
+//! engine only.
 
 mod mongo;
 mod postgres;
 pub(crate) mod suite;
 
+/// How long one story may take before it fails: a store that stops answering fails its test
+/// instead of hanging the run.
+pub(crate) const STORY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// One `#[test]` per suite function, each on a fresh namespace from `$open`.
-macro_rules! conformance {
+macro_rules! tests {
     ($open:path; $($test:ident),* $(,)?) => {
         $(
             #[test]
             fn $test() {
                 let rt = crate::common::runtime();
                 let namespace = $open(stringify!($test));
-                rt.block_on(crate::conformance::suite::$test(&namespace.store));
+                let story = crate::conformance::suite::$test(&namespace.store);
+                rt.block_on(async {
+                    tokio::time::timeout(crate::conformance::STORY_TIMEOUT, story).await
+                })
+                .expect("the story ended within its time");
             }
         )*
+    };
+}
+pub(crate) use tests;
+
+/// The suite, for the engine whose fresh namespaces `$open` makes.
+macro_rules! conformance {
+    ($open:path) => {
+        crate::conformance::tests!($open;
+            setup_installs_once_and_reports_what_it_found,
+            publish_adds_deliveries_only_for_handlers_an_event_never_had,
+            keyed_events_get_gapless_sequences_in_publish_order_and_their_key_s_lane,
+            a_claim_leases_due_deliveries_to_one_worker,
+            a_key_runs_one_delivery_at_a_time_in_sequence_order,
+            a_stale_token_changes_nothing_after_a_takeover,
+            a_token_of_a_lane_that_changed_hands_is_stale,
+            a_takeover_charges_an_attempt_and_buries_at_the_last,
+            complete_deletes_and_keeps_history_only_when_asked,
+            a_failure_reschedules_until_the_last_attempt_then_buries,
+            a_rejection_buries_at_once,
+            release_hands_lanes_back_without_charging_an_attempt,
+            renew_extends_the_leases_of_lanes_that_run_work,
+            due_exists_sees_only_due_work_of_the_given_handlers,
+            requeue_revives_only_the_selected_dead_deliveries,
+            purge_deletes_what_retention_allows_and_keeps_pending_work,
+            listings_filter_by_status_handler_key_event_and_type_in_creation_order,
+            lanes_and_stats_describe_leases_and_backlog,
+        );
     };
 }
 pub(crate) use conformance;
