@@ -1202,7 +1202,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__run)
-            opts="-v -h -V --handler --exec --webhook --noop --sql --config --concurrency --batch-size --poll-interval --lease-duration --pool-size --max-attempts --retry-delay --retry-max-delay --timeout --webhook-secret --drain --completion-window --shutdown-grace --completion-history --wake-up --metrics-addr --log-format --verbose --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
+            opts="-v -h -V --handler --exec --webhook --noop --sql --config --concurrency --batch-size --poll-interval --lease-duration --pool-size --max-attempts --retry-delay --retry-max-delay --timeout --webhook-secret --drain --completion-window --shutdown-grace --stall-after --completion-history --wake-up --metrics-addr --log-format --verbose --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1273,6 +1273,10 @@ _relaybus() {
                     return 0
                     ;;
                 --shutdown-grace)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --stall-after)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

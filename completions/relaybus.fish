@@ -119,6 +119,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l timeout -d 'Ti
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l webhook-secret -d 'Standard Webhooks signing secret (`whsec_...`) for webhook handlers' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l completion-window -d 'Completions finishing within this window are deleted by one statement' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l shutdown-grace -d 'How long running handlers may finish after a stop signal' -r
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l stall-after -d 'A claim, lease renewal or recording of an outcome that waits this long is reported stalled: logged with the database sessions blocking it, counted in relaybus_stalls_total, and /readyz unready until it goes through' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l wake-up -d 'How an idle worker learns of new work: LISTEN/NOTIFY plus polling, or polling only (for poolers that cannot LISTEN)' -r -f -a "listen\t''
 poll\t''"
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l metrics-addr -d 'Serve Prometheus metrics at /metrics, and /healthz and /readyz, on this address (for example 127.0.0.1:9464)' -r

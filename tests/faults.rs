@@ -407,3 +407,371 @@ fn a_killed_wake_up_connection_is_replaced() {
         "handled 1, failed attempts 0, dead 0, lease lost 0, released 0\n"
     );
 }
+
+/// Status and body of a GET, or None when nothing answers.
+fn get(url: &str) -> Option<(u16, String)> {
+    runtime().block_on(async {
+        let response = reqwest::get(url).await.ok()?;
+        Some((response.status().as_u16(), response.text().await.ok()?))
+    })
+}
+
+/// Events for handler `h`, half of them keyed over 40 keys.
+fn events(n: usize) -> String {
+    (0..n)
+        .map(|i| {
+            let mut e =
+                serde_json::json!({"id": format!("e{i:05}"), "type": "t", "handlers": ["h"]});
+            if i % 2 == 0 {
+                e["key"] = format!("k{}", i % 80 / 2).into();
+            }
+            e.to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The lanes table is locked past the lease (a migration, a `LOCK TABLE` by hand): the stall is
+/// logged with the session holding the lock, counted, and turns `/readyz` unready; once the
+/// lock goes, the worker keeps its lanes (their leases expired, but nobody took them) and every
+/// delivery drains within the lease plus 10 s.
+#[test]
+fn lanes_locked_past_the_lease_are_reported_and_drain_once_the_lock_goes() {
+    let cluster = TestCluster::start();
+    run_ok(relaybus(&cluster).arg("setup"), "");
+    run_ok(relaybus(&cluster).arg("publish"), &events(2000));
+    let addr = format!("127.0.0.1:{}", crate::common::cluster::free_port());
+    let w = worker(
+        &cluster,
+        &[
+            "--handler",
+            "h",
+            "--exec",
+            "cat >/dev/null",
+            "--lease-duration",
+            "2s",
+            "--concurrency",
+            "20",
+            "--batch-size",
+            "20",
+            "--poll-interval",
+            "100ms",
+            "--stall-after",
+            "1s",
+            "--metrics-addr",
+            &addr,
+        ],
+    );
+    let left = || count(&cluster, "SELECT count(*) FROM relaybus_deliveries");
+    wait_until(
+        "the worker to start draining",
+        Duration::from_secs(30),
+        || left() < 1900,
+    );
+    let holder = connect(&format!("{}&application_name=lock-holder", cluster.url()));
+    runtime()
+        .block_on(holder.batch_execute("BEGIN; LOCK TABLE relaybus_lanes IN ACCESS EXCLUSIVE MODE"))
+        .unwrap();
+    let locked = std::time::Instant::now();
+    let mut readyz = None;
+    wait_until(
+        "/readyz to report the stall",
+        Duration::from_secs(10),
+        || {
+            readyz = get(&format!("http://{addr}/readyz"));
+            readyz.as_ref().is_some_and(|(status, _)| *status == 503)
+        },
+    );
+    let (_, why) = readyz.unwrap();
+    assert!(why.starts_with("not ready: stalled: "), "{why}");
+    assert!(why.contains("application `lock-holder`"), "{why}");
+    let (_, metrics) = get(&format!("http://{addr}/metrics")).unwrap();
+    assert!(
+        metrics.contains("relaybus_stalls_total{operation=\"claim\"} 1"),
+        "{metrics}"
+    );
+    // Past the lease, then the lock goes.
+    std::thread::sleep(Duration::from_secs(5).saturating_sub(locked.elapsed()));
+    runtime().block_on(holder.batch_execute("COMMIT")).unwrap();
+    let released = std::time::Instant::now();
+    wait_until(
+        "every delivery to drain within the lease plus 10 s",
+        Duration::from_secs(12),
+        || left() == 0,
+    );
+    println!("drained {:?} after the lock went", released.elapsed());
+    wait_until("/readyz to be ready again", Duration::from_secs(5), || {
+        get(&format!("http://{addr}/readyz")).is_some_and(|(status, _)| status == 200)
+    });
+    signal(&w, Signal::SIGTERM);
+    let out = finish(w, Duration::from_secs(30));
+    assert_eq!(
+        stdout(&out),
+        "handled 2000, failed attempts 0, dead 0, lease lost 0, released 0\n"
+    );
+    let log = stderr(&out);
+    for line in [
+        "claim is stalled",
+        "application `lock-holder`",
+        "claim went through",
+    ] {
+        assert!(log.contains(line), "{line}: {log}");
+    }
+}
+
+/// The database turns read-only for new sessions and the worker's sessions are terminated but
+/// one (a failover to a standby, `default_transaction_read_only` set by hand): claims and
+/// completions fail, and the worker stops starting handlers instead of running deliveries whose
+/// outcomes it cannot record. Once the database is writable again, the sessions opened
+/// read-only are replaced and the worker resumes within 10 s; every event is handled once.
+#[test]
+fn read_only_sessions_are_replaced_and_handlers_wait_for_outcomes_to_be_recorded() {
+    let cluster = TestCluster::start();
+    run_ok(relaybus(&cluster).arg("setup"), "");
+    let total = 1500;
+    run_ok(relaybus(&cluster).arg("publish"), &events(total));
+    let log = cluster.path().join("handled");
+    // Handlers that take a moment: some always run when the sessions turn read-only, and
+    // their outcomes are the ones that cannot be recorded.
+    let command = format!(
+        "cat >/dev/null; echo \"$RELAYBUS_EVENT_ID $RELAYBUS_ATTEMPT\" >> {}; sleep 0.02",
+        log.display()
+    );
+    let concurrency = 10;
+    let addr = format!("127.0.0.1:{}", crate::common::cluster::free_port());
+    let w = worker(
+        &cluster,
+        &[
+            "--handler",
+            "h",
+            "--exec",
+            &command,
+            "--concurrency",
+            "10",
+            "--batch-size",
+            "10",
+            "--pool-size",
+            "3",
+            "--poll-interval",
+            "100ms",
+            "--metrics-addr",
+            &addr,
+        ],
+    );
+    let runs = || {
+        std::fs::read_to_string(&log)
+            .map(|t| t.lines().count() as i64)
+            .unwrap_or(0)
+    };
+    let recorded = || total as i64 - count(&cluster, "SELECT count(*) FROM relaybus_deliveries");
+    wait_until("100 handled", Duration::from_secs(30), || recorded() >= 100);
+    let admin = connect(&cluster.url());
+    let sql = "ALTER DATABASE postgres SET default_transaction_read_only = on; \
+               SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                WHERE application_name = 'relaybus' AND query NOT LIKE 'LISTEN%' \
+                  AND pid <> (SELECT min(pid) FROM pg_stat_activity \
+                               WHERE application_name = 'relaybus' AND query NOT LIKE 'LISTEN%')";
+    runtime().block_on(admin.batch_execute(sql)).unwrap();
+    let mut readyz = None;
+    let mut seen = (0, 0);
+    wait_until(
+        "/readyz to report outcomes unrecorded",
+        Duration::from_secs(10),
+        || {
+            seen = (runs(), recorded());
+            readyz = get(&format!("http://{addr}/readyz"));
+            readyz
+                .as_ref()
+                .is_some_and(|(_, why)| why.contains("outcomes cannot be recorded"))
+        },
+    );
+    // From the first outcome that could not be recorded on, handlers run at most `concurrency`
+    // times more than outcomes are recorded: those that were running then. (What had run and
+    // was being recorded then stays unrecorded too; it was unrecorded before the outage.)
+    let (runs_before, recorded_before) = seen;
+    println!(
+        "unrecorded when the worker said so: {}",
+        runs_before - recorded_before
+    );
+    let outage = std::time::Instant::now();
+    let mut unrecorded = vec![];
+    while outage.elapsed() < Duration::from_secs(5) {
+        unrecorded.push((runs() - runs_before) - (recorded() - recorded_before));
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let worst = *unrecorded.iter().max().unwrap();
+    assert!(worst <= concurrency, "unrecorded outcomes: {unrecorded:?}");
+    runtime()
+        .block_on(
+            admin.batch_execute("ALTER DATABASE postgres RESET default_transaction_read_only"),
+        )
+        .unwrap();
+    let reset = std::time::Instant::now();
+    let stuck = recorded();
+    wait_until(
+        "outcomes to be recorded again within 10 s",
+        Duration::from_secs(10),
+        || recorded() > stuck,
+    );
+    println!(
+        "unrecorded at most {worst} during the outage; resumed {:?} after the reset",
+        reset.elapsed()
+    );
+    wait_until("every delivery to drain", Duration::from_secs(120), || {
+        recorded() == total as i64
+    });
+    signal(&w, Signal::SIGTERM);
+    let out = finish(w, Duration::from_secs(30));
+    let text = stderr(&out);
+    for line in [
+        "outcomes cannot be recorded; no new claims and no new handlers until they are",
+        "outcomes are recorded again; claiming resumes",
+    ] {
+        assert!(text.contains(line), "{line}: {text}");
+    }
+    let mut handled: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    handled.sort();
+    let expected: Vec<String> = (0..total).map(|i| format!("e{i:05} 1")).collect();
+    assert!(handled == expected, "some event ran twice or not at all");
+}
+
+/// A worker in `s` whose limit of open files is `files`, soft and hard, so that it cannot raise
+/// it.
+fn worker_with_files(s: &TestSchema, files: u64, args: &[&str]) -> Spawned {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = StdCommand::new(assert_cmd::cargo::cargo_bin("relaybus"));
+    cmd.env("RELAYBUS_DATABASE_URL", database_url())
+        .args(["--schema", &s.name, "run"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe and nothing is allocated.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, files, files)
+                .map_err(std::io::Error::from)
+        });
+    }
+    cmd.spawn().unwrap().into()
+}
+
+/// Hundreds of idle connections to the metrics endpoint (a misbehaving scraper, a port scan)
+/// hold a bounded number of the worker's file descriptors, so its handlers still start.
+#[test]
+fn idle_metrics_connections_do_not_starve_the_handlers() {
+    let s = TestSchema::installed("metrics_fds");
+    let lines: Vec<String> = (0..100).map(|i| event(&format!("e{i:03}"))).collect();
+    s.publish(
+        &lines
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect::<Vec<_>>(),
+    );
+    let addr = format!("127.0.0.1:{}", crate::common::cluster::free_port());
+    let w = worker_with_files(
+        &s,
+        256,
+        &[
+            "--handler",
+            "h",
+            "--exec",
+            "cat >/dev/null; sleep 0.2",
+            "--concurrency",
+            "20",
+            "--poll-interval",
+            "1h",
+            "--metrics-addr",
+            &addr,
+        ],
+    );
+    wait_until("the metrics endpoint", Duration::from_secs(20), || {
+        std::net::TcpStream::connect(&addr).is_ok()
+    });
+    let idle: Vec<std::net::TcpStream> = (0..300)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    // The worker has been waiting for a poll; a publish wakes it with the metrics clients in.
+    s.publish(&[serde_json::json!({"id": "wake", "type": "t", "handlers": ["h"]})]);
+    let left = format!("SELECT count(*) FROM {}", s.table("deliveries"));
+    wait_until("every delivery handled", Duration::from_secs(60), || {
+        s.count(&left) == 0
+    });
+    drop(idle);
+    signal(&w, Signal::SIGTERM);
+    let out = finish(w, Duration::from_secs(30));
+    assert_eq!(
+        stdout(&out),
+        "handled 101, failed attempts 0, dead 0, lease lost 0, released 0\n",
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// A handler that cannot be started for want of file descriptors is not an attempt of its
+/// delivery's: the delivery is released and runs later, at attempt 1, and the worker says why.
+#[test]
+fn a_handler_that_cannot_be_started_costs_its_delivery_no_attempt() {
+    let s = TestSchema::installed("emfile");
+    let lines: Vec<serde_json::Value> = (0..60)
+        .map(|i| serde_json::from_str(&event(&format!("e{i:02}"))).unwrap())
+        .collect();
+    s.publish(&lines);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("handled");
+    let command = format!(
+        "cat >/dev/null; echo \"$RELAYBUS_EVENT_ID $RELAYBUS_ATTEMPT\" >> {}; sleep 0.5",
+        log.display()
+    );
+    let w = worker_with_files(
+        &s,
+        48,
+        &[
+            "--handler",
+            "h",
+            "--exec",
+            &command,
+            "--concurrency",
+            "30",
+            "--batch-size",
+            "30",
+            "--pool-size",
+            "2",
+            "--poll-interval",
+            "100ms",
+        ],
+    );
+    // Not --drain: a drain does not wait for the deliveries that were released for later.
+    let left = format!("SELECT count(*) FROM {}", s.table("deliveries"));
+    wait_until("every delivery handled", Duration::from_secs(120), || {
+        s.count(&left) == 0
+    });
+    signal(&w, Signal::SIGTERM);
+    let out = finish(w, Duration::from_secs(30));
+    let text = stderr(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("handlers cannot be started; their deliveries are released"),
+        "{text}"
+    );
+    let summary = stdout(&out);
+    assert!(
+        summary.starts_with("handled 60, failed attempts 0, dead 0, lease lost 0, released "),
+        "{summary}"
+    );
+    assert_ne!(
+        summary,
+        "handled 60, failed attempts 0, dead 0, lease lost 0, released 0\n"
+    );
+    let mut handled: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    handled.sort();
+    let expected: Vec<String> = (0..60).map(|i| format!("e{i:02} 1")).collect();
+    assert_eq!(handled, expected);
+}

@@ -451,6 +451,10 @@ fn passwords_and_webhook_secrets_never_reach_the_output() {
         "postgres://app:hunter2@127.0.0.1/x?sslmode=bogus",
         "postgres://app@127.0.0.1/x?password=hunter2&sslmode=bogus",
         "mysql://app@db/x?password=hunter2",
+        // Unencoded `/`, `?`, `@` in the password: every piece of it stays hidden.
+        "postgres://app:hunter2/qqq1?qqq2@127.0.0.1:1/x",
+        "postgres://app:hunter2@qqq1/qqq2@127.0.0.1:1/x",
+        "mongodb://app:hunter2/qqq1?qqq2@127.0.0.1:1/x",
     ] {
         for args in [
             &["setup", "--check"][..],
@@ -465,6 +469,7 @@ fn passwords_and_webhook_secrets_never_reach_the_output() {
                 .unwrap();
             let text = format!("{}{}", stdout(&out), stderr(&out));
             assert!(!text.contains("hunter2"), "{conn} {args:?}: {text}");
+            assert!(!text.contains("qqq"), "{conn} {args:?}: {text}");
         }
     }
     let dir = tempfile::tempdir().unwrap();

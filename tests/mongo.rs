@@ -12,9 +12,9 @@ use relaybus::store::{ClaimRequest, EventLimits, NewEvent, Store, StoreOptions};
 use serde_json::{json, Value};
 
 use crate::common::http::serve;
-use crate::common::mongo::{mongo_url, TestMongo};
+use crate::common::mongo::{mongo_url, OwnServer, TestMongo};
 use crate::common::{
-    claim_request, finish, runtime, stderr, stdout, wait_until, Spawned, TestSchema,
+    claim_request, finish, relaybus, runtime, stderr, stdout, wait_until, Spawned, TestSchema,
 };
 
 /// A command of the walk-through, on either engine.
@@ -192,10 +192,12 @@ fn a_restarted_worker_with_the_same_owner_name_does_not_adopt_live_lanes() {
         dead.setup(false).await.unwrap();
         dead.publish(&[event("e1", None)]).await.unwrap();
         let lease = Duration::from_millis(500);
-        assert_eq!(dead.claim(&request("w", lease)).await.unwrap().0.len(), 1);
+        let claimed = dead.claim(&request("w", lease)).await.unwrap().0;
+        assert_eq!(claimed.len(), 1);
+        let running = [claimed[0].token.delivery_id.clone()];
         let (none, stats) = restarted.claim(&request("w", lease)).await.unwrap();
         assert_eq!((none.len(), stats.charged, stats.lanes_taken), (0, 0, 0));
-        assert_eq!(restarted.renew("w", lease).await.unwrap(), 0);
+        assert_eq!(restarted.renew("w", lease, &running).await.unwrap(), 0);
         tokio::time::sleep(Duration::from_millis(600)).await;
         let (none, stats) = restarted.claim(&request("w", lease)).await.unwrap();
         assert_eq!((none.len(), stats.charged, stats.lanes_taken), (0, 1, 1));
@@ -845,4 +847,89 @@ fn the_mongosh_scripts_install_and_convert_as_setup_does() {
     let first = snapshot(&old);
     crate::common::mongo::mongosh(&convert);
     assert_eq!(snapshot(&old), first);
+}
+
+/// A standalone server has no transactions a worker can rely on and no change stream to wake
+/// it: `setup` and `run` refuse it, saying why and what to do.
+#[test]
+fn a_standalone_server_is_refused_with_why() {
+    let server = OwnServer::start(&["--standalone"]);
+    for args in [&["setup"][..], &["run", "--handler", "h", "--noop"]] {
+        let out = relaybus()
+            .env("RELAYBUS_DATABASE_URL", server.url(""))
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert_eq!(
+            stderr(&out),
+            format!(
+                "error: MongoDB at {} is a standalone server; relaybus needs a replica set (a \
+                 single node is enough) or a sharded cluster, since deliveries are completed in \
+                 transactions and workers are woken by a change stream, neither of which a \
+                 standalone server has: start mongod with --replSet rs0 and run rs.initiate() \
+                 once\n",
+                server.url("")
+            )
+        );
+    }
+}
+
+/// What failed, in one sentence and with the exit code the README gives: a refused connection
+/// (69) names the address and the refusal, not the driver's topology and labels; a wrong
+/// password (69) is named as bad credentials; a URL that does not parse is a usage error (2) in
+/// `bench` as everywhere.
+#[test]
+fn connection_failures_say_what_failed_in_one_sentence() {
+    let port = crate::common::cluster::free_port();
+    let refused =
+        format!("mongodb://127.0.0.1:{port}/?directConnection=true&serverSelectionTimeoutMS=2000");
+    let out = relaybus()
+        .env("RELAYBUS_DATABASE_URL", &refused)
+        .arg("stats")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "error: could not connect to MongoDB at {refused}: 127.0.0.1:{port}: Connection \
+             refused (os error 111); check RELAYBUS_DATABASE_URL (set in the environment) and \
+             that the server is running\n"
+        )
+    );
+    let server = OwnServer::start(&[]);
+    runtime().block_on(async {
+        let client = mongodb::Client::with_uri_str(server.url("")).await.unwrap();
+        let user = doc! { "createUser": "app", "pwd": "right", "roles": ["root"] };
+        client.database("admin").run_command(user).await.unwrap();
+    });
+    let server = server.restart(&["--auth"]);
+    let out = relaybus()
+        .env("RELAYBUS_DATABASE_URL", server.url("app:wrong@"))
+        .arg("stats")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69));
+    let text = stderr(&out);
+    assert!(
+        text.contains(": bad credentials (authentication failed: "),
+        "{text}"
+    );
+    assert!(
+        !text.contains("wrong") && !text.contains("labels"),
+        "{text}"
+    );
+    let out = relaybus()
+        .env("RELAYBUS_DATABASE_URL", "mongodb://app:p@127.0.0.1:99999/")
+        .args(["bench", "--yes"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out),
+        "error: invalid connection string `mongodb://app:***@127.0.0.1:99999/`: An invalid \
+         argument was provided: invalid server address 127.0.0.1:99999: the port must be an \
+         integer between 1 and 65535, got 99999\n"
+    );
 }

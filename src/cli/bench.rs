@@ -83,14 +83,21 @@ pub enum Scenario {
     Mixed,
 }
 
+/// A bench error as the command line reports it: a store's error stays one, so that its exit
+/// code is the same as in every other command (2 for a bad URL, 69 for no server).
+fn bench_error(e: crate::bench::Error) -> anyhow::Error {
+    match e.downcast::<crate::store::StoreError>() {
+        Ok(store) => anyhow::Error::from(*store),
+        Err(other) => anyhow::Error::from_boxed(other),
+    }
+}
+
 pub(super) async fn run_worker(out: &Output) -> Result<ExitCode> {
     let mut text = String::new();
     std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
         .context("could not read the worker plan from stdin")?;
     let plan: WorkerPlan = serde_json::from_str(&text).context("invalid worker plan on stdin")?;
-    let report = worker::run(plan)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let report = worker::run(plan).await.map_err(bench_error)?;
     out.line(serde_json::to_string(&report)?)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -145,15 +152,9 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<Ex
         prepared_statements: !g.no_prepared_statements,
         floor: !a.no_floor,
     };
-    let mut coordinator = Coordinator::new(opts).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let env = coordinator
-        .environment()
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let stores = coordinator
-        .stores()
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut coordinator = Coordinator::new(opts).map_err(bench_error)?;
+    let env = coordinator.environment().await.map_err(bench_error)?;
+    let stores = coordinator.stores().await.map_err(bench_error)?;
     if !stores.is_empty() {
         let question = format!(
             "This server holds relaybus stores with deliveries in them ({}): the bench loads \
@@ -181,7 +182,8 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<Ex
                 let sample = coordinator
                     .sample(*cell, &binary, i + 1)
                     .await
-                    .map_err(|e| anyhow::anyhow!("{cell}: {e}"))?;
+                    .map_err(bench_error)
+                    .with_context(|| cell.to_string())?;
                 if !out.json {
                     bar.suspend(|| out.line(report::line(&sample)))?;
                 }

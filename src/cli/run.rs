@@ -146,6 +146,11 @@ pub struct RunArgs {
     /// How long running handlers may finish after a stop signal.
     #[arg(long, default_value = human(DispatchOptions::SHUTDOWN_GRACE), value_parser = within(DispatchOptions::SHUTDOWN_GRACE_BOUNDS), value_name = "DURATION")]
     pub shutdown_grace: Duration,
+    /// A claim, lease renewal or recording of an outcome that waits this long is reported
+    /// stalled: logged with the database sessions blocking it, counted in
+    /// relaybus_stalls_total, and /readyz unready until it goes through.
+    #[arg(long, default_value = human(DispatchOptions::STALL_AFTER), value_parser = within(DispatchOptions::STALL_AFTER_BOUNDS), value_name = "DURATION")]
+    pub stall_after: Duration,
     /// Keep an append-only history of completions (one insert per completion).
     #[arg(long)]
     pub completion_history: bool,
@@ -244,6 +249,8 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<E
     // Handlers run as the same user: keep them from reading this process's environment (the
     // database URL, the webhook secret) through /proc/<pid>/environ.
     nix::sys::prctl::set_dumpable(false).context("could not protect the worker's memory")?;
+    crate::handler::raise_open_files_limit()
+        .context("could not raise the limit of open files to its hard limit")?;
     let handlers = config::build(handler_configs(&args)?)?;
     let store = Arc::new(g.open(StoreOptions::worker(args.pool_size as usize))?);
     store.require_current().await?;
@@ -293,6 +300,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<E
         drain: args.drain,
         completion_history: args.completion_history,
         wake_ups: args.wake_up == WakeUp::Listen,
+        stall_after: args.stall_after,
         ..DispatchOptions::new(worker_name())
     };
     let summary = Dispatcher::new(Arc::clone(&store), options, handlers, reporter)

@@ -12,14 +12,16 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
+use super::health::watched;
 use super::Reporter;
 use crate::backoff::Backoff;
 use crate::store::{LeaseToken, Store};
 
 /// The most completions one statement carries.
 const MAX_BATCH: usize = 1000;
-/// How a statement that could not be recorded is retried.
-pub(super) const RETRY: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+/// How a statement that could not be recorded is retried: at most 2 s apart, so that once the
+/// database takes outcomes again the worker knows within seconds and claims again.
+pub(super) const RETRY: Backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
 
 type Reply = oneshot::Sender<Result<bool, String>>;
 
@@ -84,6 +86,7 @@ pub(super) struct Settings {
     pub(super) window: Duration,
     pub(super) history: bool,
     pub(super) reporter: Arc<Reporter>,
+    pub(super) stall_after: Duration,
     /// Set once the worker stops: from then on a statement that fails is given up.
     pub(super) stopping: watch::Receiver<bool>,
 }
@@ -109,41 +112,63 @@ impl Completer {
     }
 }
 
-/// Runs `op` until it succeeds: the database may be away for a while (a restart, a failover),
-/// and what `op` records is lost if it gives up. The first failure is logged. Once the worker
-/// is `stopping`, a failure is final.
-pub(super) async fn until_recorded<T, F, Fut>(
-    operation: &'static str,
-    what: &str,
-    reporter: &Reporter,
-    stopping: &mut watch::Receiver<bool>,
-    mut op: F,
-) -> Result<T, String>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = crate::store::Result<T>>,
-{
-    let mut retries = RETRY.retries();
-    loop {
-        match op().await {
-            Ok(done) => return Ok(done),
-            Err(e) if *stopping.borrow() => {
-                reporter.metrics.database_error(operation);
-                return Err(format!("{e:#}"));
-            }
-            Err(e) => {
-                reporter.metrics.database_error(operation);
-                let retry_in = retries.next_delay();
-                if retries.count() == 1 {
-                    tracing::warn!(
-                        error = %format!("{e:#}"),
-                        retry_in = %humantime::format_duration(retry_in),
-                        "could not record {what}; retrying until the database answers"
-                    );
+/// What recording an outcome needs: the store, where to report, and the stall bound.
+pub(super) struct Recorder<'a, S> {
+    pub(super) store: &'a S,
+    pub(super) reporter: &'a Reporter,
+    pub(super) stall_after: Duration,
+}
+
+impl<S: Store> Recorder<'_, S> {
+    /// Runs `op`, reported stalled once it waits past the bound.
+    pub(super) async fn watched<T>(
+        &self,
+        operation: &'static str,
+        op: impl std::future::Future<Output = T>,
+    ) -> T {
+        watched(self.reporter, self.store, operation, self.stall_after, op).await
+    }
+
+    /// Runs `op` until it succeeds: the database may be away for a while (a restart, a
+    /// failover), and what `op` records is lost if it gives up. The first failure is logged,
+    /// and from then until `op` succeeds the worker claims nothing new (`Health::unrecorded`).
+    /// Once the worker is `stopping`, a failure is final.
+    pub(super) async fn until_recorded<T, F, Fut>(
+        &self,
+        operation: &'static str,
+        what: &str,
+        stopping: &mut watch::Receiver<bool>,
+        mut op: F,
+    ) -> Result<T, String>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = crate::store::Result<T>>,
+    {
+        let reporter = self.reporter;
+        let mut retries = RETRY.retries();
+        let mut unrecorded = None;
+        loop {
+            match self.watched(operation, op()).await {
+                Ok(done) => return Ok(done),
+                Err(e) if *stopping.borrow() => {
+                    reporter.metrics.database_error(operation);
+                    return Err(format!("{e:#}"));
                 }
-                tokio::select! {
-                    _ = tokio::time::sleep(retry_in) => {}
-                    _ = stopping.wait_for(|s| *s) => {}
+                Err(e) => {
+                    reporter.metrics.database_error(operation);
+                    let retry_in = retries.next_delay();
+                    if retries.count() == 1 {
+                        tracing::warn!(
+                            error = %format!("{e:#}"),
+                            retry_in = %humantime::format_duration(retry_in),
+                            "could not record {what}; retrying until the database answers"
+                        );
+                    }
+                    unrecorded.get_or_insert_with(|| reporter.health.unrecorded());
+                    tokio::select! {
+                        _ = tokio::time::sleep(retry_in) => {}
+                        _ = stopping.wait_for(|s| *s) => {}
+                    }
                 }
             }
         }
@@ -178,17 +203,24 @@ async fn run<S: Store>(
         let tokens: Vec<LeaseToken> = batch.iter().map(|(t, _)| t.clone()).collect();
         let what = format!("{} completions", tokens.len());
         let reporter = &settings.reporter;
-        let verdict = until_recorded("complete", &what, reporter, &mut settings.stopping, || {
-            let started = tokio::time::Instant::now();
-            let complete = store.complete(&tokens, settings.history);
-            async move {
-                let deleted = complete.await?;
-                reporter.metrics.completed(started.elapsed());
-                Ok(deleted)
-            }
-        })
-        .await
-        .map(|ids| ids.into_iter().collect::<HashSet<String>>());
+        let recorder = Recorder {
+            store: &*store,
+            reporter,
+            stall_after: settings.stall_after,
+        };
+        let history = settings.history;
+        let verdict = recorder
+            .until_recorded("complete", &what, &mut settings.stopping, || {
+                let started = tokio::time::Instant::now();
+                let complete = store.complete(&tokens, history);
+                async move {
+                    let deleted = complete.await?;
+                    reporter.metrics.completed(started.elapsed());
+                    Ok(deleted)
+                }
+            })
+            .await
+            .map(|ids| ids.into_iter().collect::<HashSet<String>>());
         for (token, reply) in batch {
             let _ = reply.send(match &verdict {
                 Ok(deleted) => Ok(deleted.contains(&token.delivery_id)),

@@ -6,11 +6,21 @@ use std::time::Duration;
 use tokio::sync::{watch, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
-use super::complete::{until_recorded, RunningGuard};
+use super::complete::RunningGuard;
 use super::metrics::Ended;
-use super::{Context, Runner};
+use super::{Context, HandlerSpec, Runner};
 use crate::handler::Outcome;
 use crate::store::{ClaimedDelivery, FailOutcome, Failure, LeaseToken, StatementOutcome, Store};
+
+/// How a delivery's run ended before its outcome was recorded.
+enum Ran {
+    /// The handler ended this way; the outcome is still to be recorded.
+    Outcome(Outcome),
+    /// The outcome is recorded already (a statement commits with its completion).
+    Recorded,
+    /// Aborted by shutdown: the token, for release.
+    Aborted,
+}
 
 /// Runs one delivery to its end. Returns its token when it was aborted by shutdown.
 pub(super) async fn run<S: Store>(
@@ -25,55 +35,30 @@ pub(super) async fn run<S: Store>(
         .get(&delivery.handler)
         .expect("claims only return deliveries of the worker's handlers");
     let _in_flight = ctx.reporter.metrics.in_flight();
+    // While outcomes cannot be recorded, nothing more runs: a worker that crashed then would
+    // run again everything it ran meanwhile.
+    tokio::select! {
+        biased;
+        _ = ctx.reporter.health.outcomes_recorded() => {}
+        _ = cancel.wait_for(|c| *c) => return Some(delivery.token),
+    }
     let started = Instant::now();
-    let outcome = match &spec.runner {
+    let ran = match &spec.runner {
         Runner::Handler(handler) => tokio::select! {
-            outcome = handler.handle(&delivery) => outcome,
-            _ = cancel.wait_for(|c| *c) => return Some(delivery.token),
+            outcome = handler.handle(&delivery) => Ran::Outcome(outcome),
+            _ = cancel.wait_for(|c| *c) => Ran::Aborted,
         },
         Runner::Statement { sql, timeout } => {
-            let mut aborted = cancel.clone();
-            // Boxed, as the failure path's below: the engines' statement futures are large,
-            // and every delivery's task would otherwise carry them, copied at each spawn.
-            let run = Box::pin(until_recorded(
-                "statement",
-                "a handler's statement",
-                &ctx.reporter,
-                &mut cancel,
-                || {
-                    ctx.store
-                        .complete_with_statement(&delivery, sql, *timeout, ctx.history)
-                },
-            ));
-            // Aborted by a second signal, the transaction rolls back: released like any other.
-            let ran = tokio::select! {
-                ran = run => ran,
-                _ = aborted.wait_for(|c| *c) => return Some(delivery.token),
-            };
-            ctx.reporter
-                .metrics
-                .handler_ran(&delivery.handler, started.elapsed());
-            match ran {
-                Ok(StatementOutcome::Completed) => {
-                    ctx.reporter.ended(Ended::Handled, &delivery.handler);
-                    return None;
-                }
-                Ok(StatementOutcome::LeaseLost) => {
-                    lease_lost(ctx, &delivery);
-                    return None;
-                }
-                Ok(StatementOutcome::Failed(error)) => Outcome::Failed {
-                    error,
-                    retry_after: None,
-                },
-                Err(e) => {
-                    stopped_unrecorded(&delivery, "statement", &e);
-                    return None;
-                }
-            }
+            run_statement(ctx, &delivery, sql, *timeout, &mut cancel).await
         }
     };
-    if let Runner::Handler(_) = spec.runner {
+    let outcome = match ran {
+        Ran::Aborted => return Some(delivery.token),
+        Ran::Recorded => return None,
+        Ran::Outcome(outcome) => outcome,
+    };
+    if !matches!(outcome, Outcome::NotStarted { .. }) {
+        ctx.reporter.health.started();
         ctx.reporter
             .metrics
             .handler_ran(&delivery.handler, started.elapsed());
@@ -82,68 +67,124 @@ pub(super) async fn run<S: Store>(
     // delivery stays in its lane's in-flight list until it is deleted or rescheduled, so the
     // claim cannot pick it again.
     drop(slot);
+    if outcome == Outcome::Completed {
+        let pending = ctx.completer.submit(delivery.token.clone());
+        drop(running);
+        match pending.verdict().await {
+            Ok(true) => ctx.reporter.ended(Ended::Handled, &delivery.handler),
+            Ok(false) => lease_lost(ctx, &delivery),
+            Err(e) => stopped_unrecorded(&delivery, "completion", &e),
+        }
+        return None;
+    }
+    drop(running);
+    record_failure(ctx, spec, &delivery, outcome, &mut cancel).await;
+    None
+}
+
+/// A statement handler's run: the statement and the completion in one transaction, retried
+/// until the database answers. A failed statement is an outcome still to be recorded.
+async fn run_statement<S: Store>(
+    ctx: &Context<S>,
+    delivery: &ClaimedDelivery,
+    sql: &str,
+    timeout: Duration,
+    cancel: &mut watch::Receiver<bool>,
+) -> Ran {
+    let mut aborted = cancel.clone();
+    let recorder = ctx.recorder();
+    // Boxed, as the failure path's below: the engines' statement futures are large, and every
+    // delivery's task would otherwise carry them, copied at each spawn.
+    let run =
+        Box::pin(
+            recorder.until_recorded("statement", "a handler's statement", cancel, || {
+                ctx.store
+                    .complete_with_statement(delivery, sql, timeout, ctx.history)
+            }),
+        );
+    // Aborted by a second signal, the transaction rolls back: released like any other.
+    let ran = tokio::select! {
+        ran = run => ran,
+        _ = aborted.wait_for(|c| *c) => return Ran::Aborted,
+    };
+    match ran {
+        Ok(StatementOutcome::Completed) => ctx.reporter.ended(Ended::Handled, &delivery.handler),
+        Ok(StatementOutcome::LeaseLost) => lease_lost(ctx, delivery),
+        Ok(StatementOutcome::Failed(error)) => {
+            return Ran::Outcome(Outcome::Failed {
+                error,
+                retry_after: None,
+            })
+        }
+        Err(e) => stopped_unrecorded(delivery, "statement", &e),
+    }
+    Ran::Recorded
+}
+
+/// Records an attempt that did not complete: rescheduled with back-off, buried, or (when the
+/// handler could not be started) postponed without an attempt.
+async fn record_failure<S: Store>(
+    ctx: &Context<S>,
+    spec: &HandlerSpec,
+    delivery: &ClaimedDelivery,
+    outcome: Outcome,
+    cancel: &mut watch::Receiver<bool>,
+) {
     let attempt = delivery.attempts + 1;
     let (failure, error) = match outcome {
-        Outcome::Completed => {
-            let pending = ctx.completer.submit(delivery.token.clone());
-            drop(running);
-            match pending.verdict().await {
-                Ok(true) => {
-                    ctx.reporter.ended(Ended::Handled, &delivery.handler);
-                }
-                Ok(false) => lease_lost(ctx, &delivery),
-                Err(e) => stopped_unrecorded(&delivery, "completion", &e),
-            }
-            return None;
-        }
+        Outcome::Completed => unreachable!("a completion is recorded by the completer"),
         Outcome::Rejected { error } => (Failure::Reject, error),
+        Outcome::NotStarted { error } => {
+            let delay = ctx.reporter.health.start_failed(&error);
+            (Failure::Postpone { delay }, error)
+        }
         Outcome::Failed { error, retry_after } => {
             let backoff = spec.retry.backoff;
             let delay = retry_after
                 .map(|d| d.min(backoff.max))
                 .unwrap_or_else(|| backoff.delay(attempt.max(1) as u32));
             let max_attempts = spec.retry.max_attempts;
-            (
-                Failure::Retry {
-                    delay,
-                    max_attempts,
-                },
-                error,
-            )
+            let retry = Failure::Retry {
+                delay,
+                max_attempts,
+            };
+            (retry, error)
         }
     };
-    drop(running);
-    let recorded = Box::pin(until_recorded(
-        "fail",
-        "a failed attempt",
-        &ctx.reporter,
-        &mut cancel,
-        || ctx.store.fail(&delivery.token, &failure, &error),
-    ))
+    // A NUL byte (a handler's stderr may hold one) is refused by PostgreSQL's text: the error
+    // could never be recorded.
+    let error = error.replace('\0', "\u{FFFD}");
+    let recorder = ctx.recorder();
+    let recorded = Box::pin(
+        recorder.until_recorded("fail", "a failed attempt", cancel, || {
+            ctx.store.fail(&delivery.token, &failure, &error)
+        }),
+    )
     .await;
     let (id, event, handler) = (
         &delivery.token.delivery_id,
         &delivery.event_id,
         &delivery.handler,
     );
-    match recorded {
-        Ok(FailOutcome::Buried) => {
-            ctx.reporter.ended(Ended::Buried, &delivery.handler);
+    let (_, _, _, delay) = failure.terms();
+    let retry_in =
+        humantime::format_duration(Duration::from_millis(delay.as_millis() as u64)).to_string();
+    match (recorded, &failure) {
+        (Ok(FailOutcome::Buried), _) => {
+            ctx.reporter.ended(Ended::Buried, handler);
             tracing::error!(delivery = %id, event = %event, handler = %handler, attempt, error = %error, "delivery buried (dead letter)");
         }
-        Ok(FailOutcome::Rescheduled) => {
-            ctx.reporter.ended(Ended::Failed, &delivery.handler);
-            let Failure::Retry { delay, .. } = failure else {
-                unreachable!("a rejected delivery is never rescheduled")
-            };
-            let retry = humantime::format_duration(Duration::from_millis(delay.as_millis() as u64))
-                .to_string();
-            tracing::warn!(delivery = %id, event = %event, handler = %handler, attempt, error = %error, retry_in = %retry, "attempt failed; rescheduled");
+        (Ok(FailOutcome::Rescheduled), Failure::Postpone { .. }) => {
+            ctx.reporter.ended(Ended::Released, handler);
+            tracing::debug!(delivery = %id, handler = %handler, retry_in = %retry_in, "handler not started; delivery released without an attempt");
         }
-        Ok(FailOutcome::LeaseLost) => lease_lost(ctx, &delivery),
-        Err(e) => stopped_unrecorded(&delivery, "failed attempt", &e),
+        (Ok(FailOutcome::Rescheduled), _) => {
+            ctx.reporter.ended(Ended::Failed, handler);
+            tracing::warn!(delivery = %id, event = %event, handler = %handler, attempt, error = %error, retry_in = %retry_in, "attempt failed; rescheduled");
+        }
+        (Ok(FailOutcome::LeaseLost), _) => lease_lost(ctx, delivery),
+        (Err(e), _) => stopped_unrecorded(delivery, "failed attempt", &e),
     }
-    None
 }
 
 /// The worker stopped before the database took an outcome: the lane is not handed back either,

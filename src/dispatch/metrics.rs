@@ -19,6 +19,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
+use super::health::Health;
 use super::Reporter;
 use crate::store::Store;
 
@@ -45,6 +46,8 @@ pub enum Ended {
     Failed,
     Buried,
     LeaseLost,
+    /// Handed back without an attempt (a handler that could not be started).
+    Released,
 }
 
 /// Where the worker is, for `/readyz`.
@@ -65,7 +68,7 @@ pub struct Metrics {
     /// throughput, which a worker nobody scrapes should not pay.
     enabled: bool,
     registry: Registry,
-    ended: [Family<HandlerLabel, Counter>; 4],
+    ended: [Family<HandlerLabel, Counter>; 5],
     in_flight: Gauge,
     claims: Counter,
     claim_size: Histogram,
@@ -76,6 +79,7 @@ pub struct Metrics {
     lanes_held: Gauge,
     wake_ups: Counter,
     database_errors: Family<OperationLabel, Counter>,
+    stalls: Family<OperationLabel, Counter>,
     phase: AtomicU8,
     lag_sampled: Mutex<Option<Instant>>,
     /// Each handler's series, looked up by name without building a label per delivery.
@@ -83,7 +87,7 @@ pub struct Metrics {
 }
 
 struct HandlerSeries {
-    ended: [Counter; 4],
+    ended: [Counter; 5],
     duration: Seconds,
 }
 
@@ -104,7 +108,7 @@ impl Drop for InFlight {
 impl Metrics {
     pub fn new(enabled: bool) -> Self {
         let mut registry = Registry::with_prefix("relaybus");
-        let ended: [Family<HandlerLabel, Counter>; 4] = Default::default();
+        let ended: [Family<HandlerLabel, Counter>; 5] = Default::default();
         for (family, name, help) in [
             (&ended[0], "deliveries_handled", "Deliveries completed"),
             (
@@ -121,6 +125,11 @@ impl Metrics {
                 &ended[3],
                 "deliveries_lease_lost",
                 "Outcomes refused because another worker had taken the lane over",
+            ),
+            (
+                &ended[4],
+                "deliveries_released",
+                "Deliveries handed back without an attempt, their handler not started",
             ),
         ] {
             registry.register(name, help, family.clone());
@@ -180,6 +189,12 @@ impl Metrics {
             "Database operations that failed, by operation",
             database_errors.clone(),
         );
+        let stalls = Family::<OperationLabel, Counter>::default();
+        registry.register(
+            "stalls",
+            "Database operations that waited past --stall-after, by operation",
+            stalls.clone(),
+        );
         Self {
             enabled,
             registry,
@@ -194,6 +209,7 @@ impl Metrics {
             lanes_held,
             wake_ups,
             database_errors,
+            stalls,
             phase: AtomicU8::new(Phase::Starting as u8),
             lag_sampled: Mutex::new(None),
             series: OnceLock::new(),
@@ -298,6 +314,15 @@ impl Metrics {
             .inc();
     }
 
+    pub fn stalled(&self, operation: &'static str) {
+        if !self.enabled {
+            return;
+        }
+        self.stalls
+            .get_or_create(&OperationLabel { operation })
+            .inc();
+    }
+
     /// From here on the worker is not ready, whatever its claims do.
     pub fn stopping(&self) {
         self.phase.store(Phase::Stopping as u8, Ordering::Relaxed);
@@ -311,13 +336,19 @@ impl Metrics {
             });
     }
 
-    /// Ready when claims succeed and the worker is not stopping; otherwise why not.
-    fn readiness(&self) -> Result<(), &'static str> {
+    /// Ready when claims succeed, the worker is not stopping and nothing keeps it from working
+    /// (`health`); otherwise why not, the most telling reason first.
+    fn readiness(&self, health: &Health) -> Result<(), String> {
         match self.phase.load(Ordering::Relaxed) {
-            p if p == Phase::Claiming as u8 => Ok(()),
-            p if p == Phase::Starting as u8 => Err("starting: no claim has succeeded yet"),
-            p if p == Phase::ClaimsFailing as u8 => Err("claims are failing"),
-            _ => Err("shutting down"),
+            p if p == Phase::Stopping as u8 => Err("shutting down".into()),
+            p if p == Phase::Starting as u8 => Err("starting: no claim has succeeded yet".into()),
+            p => health.readiness().and_then(|()| {
+                if p == Phase::ClaimsFailing as u8 {
+                    Err("claims are failing".into())
+                } else {
+                    Ok(())
+                }
+            }),
         }
     }
 
@@ -359,7 +390,16 @@ struct Endpoint<S> {
     handlers: Vec<String>,
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the process ends.
+/// Connections the metrics endpoint serves at once; more wait in the listen queue, where they
+/// hold no file descriptor of the worker's (its handlers need them).
+const MAX_CONNECTIONS: usize = 32;
+/// A connection that sends no request for this long is closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the endpoint pauses after an accept fails (the process is out of descriptors).
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the process ends, at most
+/// `MAX_CONNECTIONS` connections at once, each closed after `IDLE_TIMEOUT` without a request.
 pub async fn serve<S: Store>(
     listener: tokio::net::TcpListener,
     reporter: Arc<Reporter>,
@@ -376,7 +416,30 @@ pub async fn serve<S: Store>(
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready::<S>))
         .with_state(endpoint);
-    axum::serve(listener, app).await
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let slot = Arc::clone(&slots)
+            .acquire_owned()
+            .await
+            .expect("the connection slots are never closed");
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::debug!(error = %e, "the metrics endpoint could not accept a connection");
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                continue;
+            }
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(IDLE_TIMEOUT)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+            drop(slot);
+        });
+    }
 }
 
 async fn metrics<S: Store>(State(e): State<Arc<Endpoint<S>>>) -> impl IntoResponse {
@@ -392,7 +455,7 @@ async fn metrics<S: Store>(State(e): State<Arc<Endpoint<S>>>) -> impl IntoRespon
 }
 
 async fn ready<S: Store>(State(e): State<Arc<Endpoint<S>>>) -> impl IntoResponse {
-    match e.reporter.metrics.readiness() {
+    match e.reporter.metrics.readiness(&e.reporter.health) {
         Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
         Err(why) => (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -9,6 +9,7 @@
 
 mod complete;
 mod delivery;
+mod health;
 pub mod metrics;
 mod options;
 pub mod report;
@@ -27,7 +28,7 @@ use crate::store::{
     ClaimRequest, ClaimStats, ClaimedDelivery, LaneShare, LeaseToken, Result, Store, StoreError,
     WakeUp,
 };
-use complete::{Completer, Running};
+use complete::{Completer, Recorder, Running};
 pub use options::{worker_name, DispatchOptions, RetryPolicy};
 pub use report::{Reporter, Summary};
 
@@ -93,6 +94,29 @@ const BUSY_POLL: Duration = Duration::from_millis(2);
 /// How long handing the lanes back at the end may take before they are left to expire.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The ids of claimed deliveries whose task has not ended, shared by the claim streams, their
+/// tasks and the renewals.
+#[derive(Clone, Default)]
+struct Outstanding(Arc<Mutex<HashSet<String>>>);
+
+impl Outstanding {
+    fn set(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.0.lock().expect("outstanding lock")
+    }
+
+    fn ids(&self) -> Vec<String> {
+        self.set().iter().cloned().collect()
+    }
+
+    fn add(&self, ids: impl Iterator<Item = String>) {
+        self.set().extend(ids);
+    }
+
+    fn remove(&self, id: &str) {
+        self.set().remove(id);
+    }
+}
+
 /// What the delivery tasks share.
 struct Context<S> {
     store: Arc<S>,
@@ -100,10 +124,22 @@ struct Context<S> {
     completer: Completer,
     running: Arc<Running>,
     /// Claimed deliveries whose task has not ended (its outcome may not be committed yet).
-    outstanding: Mutex<HashSet<String>>,
+    outstanding: Outstanding,
     reporter: Arc<Reporter>,
     /// Completions are also appended to the history.
     history: bool,
+    /// When a database operation counts as stalled.
+    stall_after: Duration,
+}
+
+impl<S: Store> Context<S> {
+    fn recorder(&self) -> Recorder<'_, S> {
+        Recorder {
+            store: &self.store,
+            reporter: &self.reporter,
+            stall_after: self.stall_after,
+        }
+    }
 }
 
 /// A worker: construct it, then `run` it until shutdown (or, with `drain`, until no due work is
@@ -187,6 +223,7 @@ impl<S: Store> Dispatcher<S> {
                 window: options.completion_window,
                 history: options.completion_history,
                 reporter: Arc::clone(&reporter),
+                stall_after: options.stall_after,
                 stopping: cancel.subscribe(),
             },
         );
@@ -195,9 +232,10 @@ impl<S: Store> Dispatcher<S> {
             handlers: handlers.into_iter().map(|h| (h.name.clone(), h)).collect(),
             completer,
             running,
-            outstanding: Mutex::new(HashSet::new()),
+            outstanding: Outstanding::default(),
             reporter: Arc::clone(&reporter),
             history: options.completion_history,
+            stall_after: options.stall_after,
         });
         let slots = Arc::new(Semaphore::new(options.concurrency));
         let claimers: Vec<Claimer> = (0..streams)
@@ -224,10 +262,9 @@ impl<S: Store> Dispatcher<S> {
             .collect();
         let background = vec![
             tokio::spawn(renew(
-                Arc::clone(&store),
+                Arc::clone(&ctx),
                 options.owner.clone(),
                 options.lease_duration,
-                Arc::clone(&reporter),
             )),
             tokio::spawn(status_line(
                 Arc::clone(&reporter),
@@ -421,6 +458,14 @@ impl Claimer {
         shared: &Shared<S>,
         shutdown: &mut watch::Receiver<Shutdown>,
     ) -> Option<usize> {
+        let health = &shared.reporter.health;
+        if !health.recording() {
+            tokio::select! {
+                _ = health.outcomes_recorded() => {}
+                _ = next_signal(shutdown) => {}
+            }
+            return None;
+        }
         let slots = &shared.slots;
         let free = slots.available_permits();
         if free == 0 {
@@ -469,19 +514,19 @@ impl Claimer {
         let request = ClaimRequest {
             batch: want as i64,
             new_lanes: self.new_lanes,
-            outstanding: shared
-                .ctx
-                .outstanding
-                .lock()
-                .expect("outstanding lock")
-                .iter()
-                .cloned()
-                .collect(),
+            outstanding: shared.ctx.outstanding.ids(),
             held: self.held.take(),
             ..self.template.clone()
         };
         let started = Instant::now();
-        let claimed = shared.store.claim(&request).await;
+        let recorder = shared.ctx.recorder();
+        let claim = recorder.watched("claim", shared.store.claim(&request));
+        // A stop is honoured even while a claim waits (behind a lock, a conflict): the claim is
+        // abandoned, and whatever it may have written is handed back with every lane at the end.
+        let claimed = tokio::select! {
+            claimed = claim => claimed,
+            _ = signalled(shutdown, Shutdown::Graceful) => return None,
+        };
         let metrics = &shared.reporter.metrics;
         match claimed {
             Ok(mut claimed) => {
@@ -524,9 +569,7 @@ impl Claimer {
     ) {
         let ctx = &shared.ctx;
         ctx.outstanding
-            .lock()
-            .expect("outstanding lock")
-            .extend(claimed.iter().map(|d| d.token.delivery_id.clone()));
+            .add(claimed.iter().map(|d| d.token.delivery_id.clone()));
         // The whole claim counts as running before any of it starts, so the completer does not
         // flush the first delivery to finish alone.
         let guards: Vec<_> = claimed
@@ -554,10 +597,7 @@ impl Claimer {
                     Some(slot) => delivery::run(&ctx, claimed, running, slot, cancel).await,
                     None => Some(claimed.token),
                 };
-                ctx.outstanding
-                    .lock()
-                    .expect("outstanding lock")
-                    .remove(&id);
+                ctx.outstanding.remove(&id);
                 aborted
             });
         }
@@ -656,11 +696,16 @@ fn relay_wake_ups<S: Store>(
     }))
 }
 
-async fn renew<S: Store>(store: Arc<S>, owner: String, lease: Duration, reporter: Arc<Reporter>) {
+/// Renews the leases of the lanes that run the worker's outstanding deliveries, every third of
+/// the lease.
+async fn renew<S: Store>(ctx: Arc<Context<S>>, owner: String, lease: Duration) {
     let every = (lease / 3).max(Duration::from_millis(100));
+    let (store, reporter) = (&ctx.store, &ctx.reporter);
     loop {
         tokio::time::sleep(every).await;
-        match store.renew(&owner, lease).await {
+        let running = ctx.outstanding.ids();
+        let renewal = store.renew(&owner, lease, &running);
+        match ctx.recorder().watched("renew", renewal).await {
             Ok(lanes) => reporter.metrics.lanes_held(lanes),
             Err(e) => {
                 reporter.metrics.database_error("renew");

@@ -23,6 +23,8 @@ pub struct DispatchOptions {
     pub completion_history: bool,
     /// Subscribe to the store's wake-ups; polling alone otherwise.
     pub wake_ups: bool,
+    /// A claim, renewal or recording of an outcome that waits this long is reported stalled.
+    pub stall_after: Duration,
 }
 
 impl DispatchOptions {
@@ -32,6 +34,7 @@ impl DispatchOptions {
     pub const LEASE_DURATION: Duration = Duration::from_secs(30);
     pub const COMPLETION_WINDOW: Duration = Duration::from_millis(2);
     pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+    pub const STALL_AFTER: Duration = Duration::from_secs(5);
 
     pub const POLL_INTERVAL_BOUNDS: Bounds = Bounds::POSITIVE_UP_TO_A_DAY;
     /// At least a second: renewals run every third of it, and a lease that expires before its
@@ -41,6 +44,10 @@ impl DispatchOptions {
     pub const COMPLETION_WINDOW_BOUNDS: Bounds =
         Bounds::new(Duration::ZERO, Duration::from_secs(1));
     pub const SHUTDOWN_GRACE_BOUNDS: Bounds = Bounds::UP_TO_A_DAY;
+    /// Claims and completions take milliseconds; a bound under 100 ms would report the
+    /// ordinary as stalls.
+    pub const STALL_AFTER_BOUNDS: Bounds =
+        Bounds::new(Duration::from_millis(100), Bounds::UP_TO_A_DAY.max);
 
     /// Claims this worker keeps in flight at once. A claim waits on the database for most of
     /// its cycle, and the worker's own work waits for the claim: with slots for two claims of
@@ -77,6 +84,7 @@ impl DispatchOptions {
             drain: false,
             completion_history: false,
             wake_ups: true,
+            stall_after: Self::STALL_AFTER,
         }
     }
 }

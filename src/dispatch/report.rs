@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
 
+use super::health::Health;
 use super::metrics::{Ended, Metrics};
 
 #[derive(Default, Debug)]
@@ -46,6 +47,8 @@ impl Counters {
 pub struct Reporter {
     pub metrics: Metrics,
     pub counters: Counters,
+    /// What keeps the worker from working, for back-pressure and `/readyz`.
+    pub health: Health,
     /// The live status line, on a terminal with text logs; log lines are printed above it.
     status: Option<ProgressBar>,
     /// (when, attempts ended) a few seconds back, for the recent rate.
@@ -61,6 +64,7 @@ impl Reporter {
         Self {
             metrics: Metrics::new(false),
             counters: Counters::default(),
+            health: Health::default(),
             status: None,
             recent: Mutex::new(VecDeque::new()),
         }
@@ -89,6 +93,7 @@ impl Reporter {
             Ended::Failed => &self.counters.failed,
             Ended::Buried => &self.counters.dead,
             Ended::LeaseLost => &self.counters.lease_lost,
+            Ended::Released => &self.counters.released,
         };
         counter.fetch_add(1, Ordering::Relaxed);
         self.metrics.ended(how, handler);

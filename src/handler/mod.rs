@@ -1,5 +1,6 @@
-//! Handlers: what runs a delivery. Both kinds get the same JSON envelope and report one of
-//! three outcomes; the dispatcher turns them into completion, reschedule or burial.
+//! Handlers: what runs a delivery. Both kinds get the same JSON envelope and report how the
+//! attempt ended; the dispatcher turns that into completion, reschedule, burial, or (when the
+//! handler could not even be started) a release without an attempt.
 
 mod shell;
 mod webhook;
@@ -11,7 +12,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-pub use shell::ShellHandler;
+pub use shell::{raise_open_files_limit, ShellHandler};
 pub use webhook::{WebhookHandler, WebhookSecret};
 
 use crate::store::ClaimedDelivery;
@@ -62,6 +63,11 @@ pub enum Outcome {
     },
     /// The handler says retrying cannot help (exit 65, HTTP 410): buried at once.
     Rejected {
+        error: String,
+    },
+    /// The handler could not be started for lack of resources (no process or file descriptor
+    /// left): no attempt was made, and none is charged.
+    NotStarted {
         error: String,
     },
 }

@@ -5,6 +5,7 @@
 //! whole group is killed on timeout or abort, so a grandchild cannot outlive its delivery.
 
 use std::process::Stdio;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -12,6 +13,25 @@ use tokio::process::Command;
 
 use super::{tail, Envelope, Handler, HandlerFuture, Outcome};
 use crate::store::ClaimedDelivery;
+
+/// The limit of open files the worker was started with (soft, hard), when it raised its own: its
+/// handlers get it back.
+static STARTED_WITH: OnceLock<(u64, u64)> = OnceLock::new();
+
+/// Raises the process's soft limit of open files to its hard limit. At the common soft limit of
+/// 1,024, a busy worker's handler pipes, database connections and metrics clients run short, and
+/// a handler that cannot be started is a delivery that waits. Handlers are given the limit the
+/// worker was started with (programs that use `select` break past 1,024), as Go's runtime does
+/// for the processes it starts.
+pub fn raise_open_files_limit() -> std::io::Result<()> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+        let _ = STARTED_WITH.set((soft, hard));
+    }
+    Ok(())
+}
 
 /// The exit code that buries a delivery at once.
 pub(super) const EX_DATAERR: i32 = 65;
@@ -96,19 +116,30 @@ impl ShellHandler {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
-        // SAFETY: between fork and exec the closure only makes one system call (prctl), which
-        // is async-signal-safe and allocates nothing.
+        // SAFETY: between fork and exec the closure only makes system calls (prctl, setrlimit),
+        // which are async-signal-safe, and reads a value set before; it allocates nothing.
         unsafe {
-            // A worker killed with SIGKILL cannot kill its handlers; the kernel does, so that a
-            // delivery taken over by another worker does not run twice at once.
             command.pre_exec(|| {
-                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
-                    .map_err(std::io::Error::from)
+                // A worker killed with SIGKILL cannot kill its handlers; the kernel does, so that
+                // a delivery taken over by another worker does not run twice at once.
+                nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+                if let Some(&(soft, hard)) = STARTED_WITH.get() {
+                    let files = nix::sys::resource::Resource::RLIMIT_NOFILE;
+                    nix::sys::resource::setrlimit(files, soft, hard)?;
+                }
+                Ok(())
             });
         }
         let mut child = match command.spawn() {
             Ok(c) => c,
-            Err(e) => return failed(format!("could not start `sh -c {}`: {e}", self.command)),
+            Err(e) => {
+                let error = format!("could not start `sh -c {}`: {e}", self.command);
+                return if out_of_resources(&e) {
+                    Outcome::NotStarted { error }
+                } else {
+                    failed(error)
+                };
+            }
         };
         let mut group = GroupGuard(child.id().map(|p| p as i32));
         let mut stdin = child.stdin.take().expect("stdin is piped");
@@ -159,6 +190,14 @@ impl ShellHandler {
             }
         }
     }
+}
+
+/// A start that failed for want of what the system gives processes (file descriptors, process
+/// slots, memory), not because of the command: the delivery is not to blame.
+fn out_of_resources(e: &std::io::Error) -> bool {
+    use nix::libc::{EAGAIN, EMFILE, ENFILE, ENOMEM};
+    e.raw_os_error()
+        .is_some_and(|code| [EMFILE, ENFILE, EAGAIN, ENOMEM].contains(&code))
 }
 
 fn failed(error: String) -> Outcome {

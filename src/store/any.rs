@@ -85,18 +85,26 @@ pub fn redact(conn: &str) -> String {
     let Some(scheme_end) = conn.find("://") else {
         return super::postgres::redact_pairs(conn);
     };
-    let rest = &conn[scheme_end + 3..];
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
+    let mut rest = &conn[scheme_end + 3..];
     let mut out = conn[..scheme_end + 3].to_owned();
-    match (authority.rfind('@'), authority.find(':')) {
-        (Some(at), Some(colon)) if colon < at => {
-            out.push_str(&authority[..colon]);
-            out.push_str(":***");
-            out.push_str(&authority[at..]);
+    // The user information ends at the string's last `@`: a password may hold a `/`, `?` or `@`
+    // its writer did not encode, and what follows it then looks like a path or a query. Cutting
+    // there hides every byte that may be the password; an `@` in a query value only makes it
+    // hide more than it must.
+    if let Some(at) = rest.rfind('@') {
+        let user_info = &rest[..at];
+        match user_info.split_once(':') {
+            Some((user, _)) => {
+                out.push_str(user);
+                out.push_str(":***");
+            }
+            None => out.push_str(user_info),
         }
-        _ => out.push_str(authority),
+        out.push('@');
+        rest = &rest[at + 1..];
     }
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    out.push_str(&rest[..authority_end]);
     let tail = &rest[authority_end..];
     match tail.split_once('?') {
         None => out.push_str(tail),
@@ -114,6 +122,54 @@ pub fn redact(conn: &str) -> String {
         }
     }
     out
+}
+
+/// How to write a password that a URL's parser would split.
+const ENCODE_PASSWORD: &str = "a password holding `/`, `?`, `@`, `#`, `:` or `%` must be \
+                               percent-encoded (`/` as `%2F`, `?` as `%3F`, `@` as `%40`, `%` as \
+                               `%25`)";
+
+/// The error for a connection string that does not parse. A driver's reason may quote the part
+/// it stumbled on, which for a password with an unencoded `/` or `?` is a piece of the password:
+/// when a URL's password holds such a character, the reason is ours, and says how to write one.
+pub(crate) fn unparsable(conn: &str, why: String) -> StoreError {
+    let password = conn.split_once("://").and_then(|(_, rest)| {
+        let (user_info, _) = rest.rsplit_once('@')?;
+        Some(user_info.split_once(':')?.1)
+    });
+    let why = match password {
+        Some(p) if p.contains(['/', '?', '@', '#', ':', '%']) => {
+            format!("it does not parse; {ENCODE_PASSWORD}")
+        }
+        _ => why,
+    };
+    StoreError::InvalidConnectionString {
+        shown: redact(conn),
+        why,
+    }
+}
+
+/// Refuses a URL whose user information may hold an unencoded `@` or `/` (an `@` after a `/`, or
+/// two, before the query): a parser splits it where its writer did not mean to, and the host or
+/// database it then names in a message is a piece of the password.
+pub(crate) fn refuse_ambiguous(conn: &str) -> Result<()> {
+    let Some((_, rest)) = conn.split_once("://") else {
+        return Ok(());
+    };
+    let before_query = rest.split('?').next().unwrap_or(rest);
+    let ambiguous = match (before_query.find('@'), before_query.rfind('@')) {
+        (Some(first), Some(last)) => {
+            first != last || before_query.find('/').is_some_and(|slash| slash < first)
+        }
+        _ => false,
+    };
+    if !ambiguous {
+        return Ok(());
+    }
+    Err(StoreError::InvalidConnectionString {
+        shown: redact(conn),
+        why: format!("its user, password and host cannot be told apart; {ENCODE_PASSWORD}"),
+    })
 }
 
 /// Any engine's store.
@@ -200,8 +256,12 @@ impl Store for AnyStore {
     ) -> Result<FailOutcome> {
         on_engine!(self, s => s.fail(token, failure, error).await)
     }
-    async fn renew(&self, owner: &str, lease: Duration) -> Result<u64> {
-        on_engine!(self, s => s.renew(owner, lease).await)
+    async fn blockers(&self) -> Result<Vec<BlockingSession>> {
+        on_engine!(self, s => s.blockers().await)
+    }
+
+    async fn renew(&self, owner: &str, lease: Duration, running: &[String]) -> Result<u64> {
+        on_engine!(self, s => s.renew(owner, lease, running).await)
     }
     async fn release(&self, owner: &str, aborted: &[LeaseToken]) -> Result<u64> {
         on_engine!(self, s => s.release(owner, aborted).await)
@@ -309,6 +369,35 @@ mod tests {
             "postgres://app@db/x?user=a&password=***&sslmode=require"
         );
         assert_eq!(redact("postgres://app@db/x"), "postgres://app@db/x");
+        // Unencoded `/`, `?` and `@` in a password.
+        for (url, shown) in [
+            ("postgres://app:se/cr?et@db/x", "postgres://app:***@db/x"),
+            (
+                "postgres://app:s@c?r/t@db:5432/x?sslmode=require",
+                "postgres://app:***@db:5432/x?sslmode=require",
+            ),
+            (
+                "mongodb://app:p/w@h1,h2/db?replicaSet=rs0",
+                "mongodb://app:***@h1,h2/db?replicaSet=rs0",
+            ),
+        ] {
+            assert_eq!(redact(url), shown);
+        }
+        for url in [
+            "postgres://app:s3cret@db/x?application_name=a@b",
+            "mongodb://app:s3cret@h1,h2/db?replicaSet=rs0",
+            "host=db password=a@b/c",
+        ] {
+            assert!(refuse_ambiguous(url).is_ok(), "{url}");
+        }
+        for url in ["postgres://app:12/34@db/x", "mongodb://app:a@b@h/db"] {
+            let refused = refuse_ambiguous(url).unwrap_err().to_string();
+            assert!(refused.contains("cannot be told apart"), "{refused}");
+            assert!(
+                !refused.contains("34") && !refused.contains("a@b"),
+                "{refused}"
+            );
+        }
         assert_eq!(redact("host=db password=s3cret"), "host=db password=***");
     }
 }

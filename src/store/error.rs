@@ -39,6 +39,9 @@ pub enum StoreError {
         cause: BoxError,
     },
 
+    #[error("{target} is a standalone server; relaybus needs a replica set (a single node is enough) or a sharded cluster, since deliveries are completed in transactions and workers are woken by a change stream, neither of which a standalone server has: start mongod with --replSet rs0 and run rs.initiate() once")]
+    NotReplicaSet { target: String },
+
     #[error("{context}: {detail}")]
     Database {
         context: String,

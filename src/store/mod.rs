@@ -21,6 +21,7 @@ use std::future::Future;
 use std::time::Duration;
 
 pub use any::{namespace, open, redact, schema_script, AnyStore, Engine, Script};
+use any::{refuse_ambiguous, unparsable};
 pub use error::{BoxError, StoreError};
 pub use ident::Namespace;
 pub use options::StoreOptions;
@@ -120,8 +121,15 @@ pub trait Store: Send + Sync + 'static {
         error: &str,
     ) -> impl Future<Output = Result<FailOutcome>> + Send;
 
-    /// Extends the leases of the lanes the owner runs work in; returns how many.
-    fn renew(&self, owner: &str, lease: Duration) -> impl Future<Output = Result<u64>> + Send;
+    /// Extends the leases of the owner's lanes that list one of `running` (the deliveries the
+    /// worker has not finished) in flight; returns how many. A lane that runs none of them is
+    /// left to expire, so that no lane is held by a worker that does nothing in it.
+    fn renew(
+        &self,
+        owner: &str,
+        lease: Duration,
+        running: &[String],
+    ) -> impl Future<Output = Result<u64>> + Send;
 
     /// Releases aborted deliveries (no attempt charged) and hands back every lane of the owner.
     fn release(
@@ -129,6 +137,12 @@ pub trait Store: Send + Sync + 'static {
         owner: &str,
         aborted: &[LeaseToken],
     ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// The sessions that block this store's busy sessions, for a worker to name when one of its
+    /// operations stalls. Empty when the engine cannot tell.
+    fn blockers(&self) -> impl Future<Output = Result<Vec<BlockingSession>>> + Send {
+        async { Ok(vec![]) }
+    }
 
     /// Whether any delivery of these handlers is due.
     fn due_exists(&self, handlers: &[String]) -> impl Future<Output = Result<bool>> + Send;

@@ -326,6 +326,24 @@ pub enum Failure {
     },
     /// The handler says retrying cannot help: buried at once.
     Reject,
+    /// No attempt was made (the handler could not be started): due again after `delay`, and no
+    /// attempt is charged.
+    Postpone { delay: std::time::Duration },
+}
+
+impl Failure {
+    /// What the failure adds to the delivery's attempts, the most it may have before it is
+    /// buried, whether it is buried whatever its attempts, and when it is due again.
+    pub fn terms(&self) -> (i32, i32, bool, std::time::Duration) {
+        match *self {
+            Failure::Retry {
+                delay,
+                max_attempts,
+            } => (1, max_attempts, false, delay),
+            Failure::Reject => (1, i32::MAX, true, std::time::Duration::ZERO),
+            Failure::Postpone { delay } => (0, i32::MAX, false, delay),
+        }
+    }
 }
 
 /// How a failed attempt was recorded.
@@ -481,6 +499,38 @@ impl PurgeCounts {
             PurgeKind::History => &mut self.history,
             PurgeKind::Events => &mut self.events,
         }
+    }
+}
+
+/// A database session that holds what one of the store's sessions waits for, as the server
+/// describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockingSession {
+    pub pid: i32,
+    pub user: String,
+    pub application: String,
+    pub state: String,
+    /// How long its transaction has been open.
+    pub age: String,
+    /// Its last statement, shortened.
+    pub query: String,
+}
+
+impl std::fmt::Display for BlockingSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self {
+            pid,
+            user,
+            application,
+            state,
+            age,
+            query,
+        } = self;
+        write!(
+            f,
+            "pid {pid} (user {user}, application `{application}`, {state} for {age}, last \
+             statement `{query}`)"
+        )
     }
 }
 

@@ -150,3 +150,67 @@ pub fn mongosh(script: &str) -> String {
     assert!(out.status.success(), "mongosh failed:\n{script}\n{text}");
     text
 }
+
+/// A MongoDB wire server of its own, for tests that need one the shared server is not: a
+/// standalone server, or one that requires authentication. SecantusDB from `.venv-mongo`
+/// (RELAYBUS_TEST_SECANTUSD names another), on a free port, stopped and removed when dropped.
+pub struct OwnServer {
+    pub port: u16,
+    child: std::process::Child,
+    dir: tempfile::TempDir,
+}
+
+impl OwnServer {
+    /// A server started with these extra options (`--standalone`, `--auth`).
+    pub fn start(options: &[&str]) -> Self {
+        Self::start_in(tempfile::tempdir().unwrap(), options)
+    }
+
+    fn start_in(dir: tempfile::TempDir, options: &[&str]) -> Self {
+        let bin = std::env::var("RELAYBUS_TEST_SECANTUSD").unwrap_or_else(|_| {
+            format!(
+                "{}/.venv-mongo/bin/secantusd-py",
+                env!("CARGO_MANIFEST_DIR")
+            )
+        });
+        let port = super::cluster::free_port();
+        let child = std::process::Command::new(&bin)
+            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--storage-path"])
+            .arg(dir.path().join("data"))
+            .args(options)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("could not start {bin} (install it with `python3 -m venv .venv-mongo && .venv-mongo/bin/pip install SecantusDB`): {e}")
+            });
+        super::wait_until(
+            "the server to listen",
+            std::time::Duration::from_secs(30),
+            || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok(),
+        );
+        Self { port, child, dir }
+    }
+
+    /// The same data, served again with other options.
+    pub fn restart(mut self, options: &[&str]) -> Self {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
+        Self::start_in(dir, options)
+    }
+
+    pub fn url(&self, credentials: &str) -> String {
+        format!(
+            "mongodb://{credentials}127.0.0.1:{}/?directConnection=true&serverSelectionTimeoutMS=5000",
+            self.port
+        )
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -574,7 +574,10 @@ pub(crate) async fn release_hands_lanes_back_without_charging_an_attempt<S: Stor
     assert!(again.iter().all(|d| d.attempts == 0));
 }
 
-pub(crate) async fn renew_extends_the_leases_of_lanes_that_run_work<S: Store>(s: &S) {
+/// A lane is renewed while it runs one of the worker's deliveries; once they are all done (their
+/// ids stay listed until the lane's next claim) it is not, so its pending work is never held
+/// by a worker that does nothing there.
+pub(crate) async fn renew_extends_only_lanes_that_run_the_worker_s_deliveries<S: Store>(s: &S) {
     installed(s).await;
     publish(s, &[order("e1", None, &["h"])]).await;
     let short = ClaimRequest {
@@ -582,16 +585,167 @@ pub(crate) async fn renew_extends_the_leases_of_lanes_that_run_work<S: Store>(s:
         ..request("w1", &["h"])
     };
     let claimed = claim(s, &short).await;
-    assert_eq!(s.renew("w1", Duration::from_secs(3600)).await.unwrap(), 1);
-    assert_eq!(s.renew("w2", Duration::from_secs(3600)).await.unwrap(), 0);
-    let lanes = s.lanes().await.unwrap();
-    let lane = &lanes[claimed[0].token.lane as usize];
+    let id = claimed[0].token.delivery_id.clone();
+    let hour = Duration::from_secs(3600);
     assert_eq!(
-        (lane.owner.as_deref(), lane.expired, lane.in_flight),
-        (Some("w1"), false, 1)
+        s.renew("w1", hour, std::slice::from_ref(&id))
+            .await
+            .unwrap(),
+        1
     );
-    let left = lane.lease_expires_at.unwrap() - chrono::Utc::now();
+    assert_eq!(
+        s.renew("w2", hour, std::slice::from_ref(&id))
+            .await
+            .unwrap(),
+        0
+    );
+    let lane_of_claim = |lanes: Vec<relaybus::store::LaneRow>| {
+        let lane = &lanes[claimed[0].token.lane as usize];
+        let left = lane.lease_expires_at.unwrap() - chrono::Utc::now();
+        (lane.owner.clone(), lane.in_flight, left)
+    };
+    let (owner, in_flight, left) = lane_of_claim(s.lanes().await.unwrap());
+    assert_eq!((owner.as_deref(), in_flight), (Some("w1"), 1));
     assert!(left > chrono::Duration::minutes(50), "{left}");
+    // Done, but still listed in flight: no longer renewed.
+    s.complete(&[claimed[0].token.clone()], false)
+        .await
+        .unwrap();
+    assert_eq!(s.renew("w1", hour, &[]).await.unwrap(), 0);
+    assert_eq!(s.renew("w1", hour, &["other".to_owned()]).await.unwrap(), 0);
+}
+
+/// A worker that stalled past its lease (a lock, a pause) keeps its lanes until another worker
+/// takes them over: its next claim goes on with them, the deliveries it still runs stay its
+/// own, and nothing is charged.
+pub(crate) async fn a_worker_keeps_its_lanes_past_their_lease_until_another_takes_them<S: Store>(
+    s: &S,
+) {
+    installed(s).await;
+    publish(
+        s,
+        &[
+            order("e1", Some("k"), &["h"]),
+            order("e2", Some("k"), &["h"]),
+        ],
+    )
+    .await;
+    let short = ClaimRequest {
+        lease: Duration::from_millis(200),
+        ..request("w1", &["h"])
+    };
+    let (first, stats) = s.claim(&short).await.unwrap();
+    assert_eq!(events_of(&first), ["e1"]);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let again = ClaimRequest {
+        outstanding: vec![first[0].token.delivery_id.clone()],
+        held: stats.held,
+        ..short.clone()
+    };
+    let (none, stats) = s.claim(&again).await.unwrap();
+    assert_eq!((none.len(), stats.charged, stats.lanes_taken), (0, 0, 0));
+    let lane = &s.lanes().await.unwrap()[first[0].token.lane as usize];
+    assert_eq!(
+        (lane.owner.as_deref(), lane.epoch),
+        (Some("w1"), first[0].token.epoch)
+    );
+    assert_eq!(
+        s.complete(&[first[0].token.clone()], false).await.unwrap(),
+        [first[0].token.delivery_id.clone()]
+    );
+    let next = ClaimRequest {
+        held: stats.held,
+        ..short
+    };
+    let second = claim(s, &next).await;
+    assert_eq!(
+        (
+            events_of(&second),
+            second[0].attempts,
+            second[0].token.epoch
+        ),
+        (vec!["e2".to_owned()], 0, first[0].token.epoch)
+    );
+}
+
+/// A lane whose worker died after its deliveries were done (their ids still listed in flight,
+/// nothing due in the lane) is taken over by the next claim that looks for lanes, charged
+/// nothing, and then handed back: no lane stays held by an expired lease.
+pub(crate) async fn an_expired_lane_with_deliveries_in_flight_is_taken_over_whatever_is_due<
+    S: Store,
+>(
+    s: &S,
+) {
+    installed(s).await;
+    publish(s, &[order("e1", None, &["h"])]).await;
+    let short = ClaimRequest {
+        lease: Duration::from_millis(200),
+        ..request("w1", &["h"])
+    };
+    let first = claim(s, &short).await;
+    s.complete(&[first[0].token.clone()], false).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let expired = |lanes: Vec<relaybus::store::LaneRow>| -> Vec<(i16, Option<String>)> {
+        lanes
+            .into_iter()
+            .filter(|l| l.owner.is_some())
+            .map(|l| (l.lane, l.owner))
+            .collect()
+    };
+    assert_eq!(
+        expired(s.lanes().await.unwrap()),
+        [(first[0].token.lane, Some("w1".to_owned()))]
+    );
+    let (none, stats) = s.claim(&request("w2", &["h"])).await.unwrap();
+    assert_eq!((none.len(), stats.charged, stats.lanes_taken), (0, 0, 1));
+    let next = ClaimRequest {
+        held: stats.held,
+        ..request("w2", &["h"])
+    };
+    claim(s, &next).await;
+    assert_eq!(expired(s.lanes().await.unwrap()), []);
+}
+
+/// A delivery whose handler could not be started is postponed: due again later, its attempts
+/// unchanged, the reason kept as its last error.
+pub(crate) async fn a_postponed_delivery_is_due_later_without_an_attempt<S: Store>(s: &S) {
+    installed(s).await;
+    publish(s, &[order("e1", None, &["h"])]).await;
+    let claimed = claim(s, &request("w1", &["h"])).await;
+    let later = Failure::Postpone {
+        delay: Duration::from_secs(3600),
+    };
+    let outcome = s
+        .fail(
+            &claimed[0].token,
+            &later,
+            "could not start: too many open files",
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome, FailOutcome::Rescheduled);
+    assert!(!s.due_exists(&["h".to_owned()]).await.unwrap());
+    let shown = s
+        .show_delivery(&claimed[0].token.delivery_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (
+            shown.delivery.status.as_str(),
+            shown.delivery.attempts,
+            shown.claims,
+            shown.delivery.last_error.as_deref()
+        ),
+        (
+            "pending",
+            0,
+            1,
+            Some("could not start: too many open files")
+        )
+    );
+    let due = shown.delivery.available_at.unwrap() - chrono::Utc::now();
+    assert!(due > chrono::Duration::minutes(50), "{due}");
 }
 
 pub(crate) async fn due_exists_sees_only_due_work_of_the_given_handlers<S: Store>(s: &S) {

@@ -9,42 +9,49 @@
 -- More lanes than $5 are taken when the held lanes' room leaves more of the batch to fill.
 -- params: text, float8, text[], int8, int8, int4[], text[], int2, int4, int2, int2, int2[]
 WITH ours AS (
-  -- The lanes of the stream this worker holds under a live lease, as the snapshot shows them,
-  -- and the room each has for more deliveries: a lane that runs $9 is neither picked from nor
-  -- written, so it is not locked either (a row lock is a write). They are named as the
-  -- previous claim reported them: finding them by owner reads every lane's page, which only
-  -- a stream's first claim and one after a failure do.
+  -- The lanes of the stream this worker holds, as the snapshot shows them, and the room each
+  -- has for more deliveries: a lane that runs $9 is neither picked from nor written, so it is
+  -- not locked either (a row lock is a write). A lane whose lease expired is still this
+  -- worker's until another takes it over (the epoch fences every write, not the clock), so a
+  -- worker that stalled past its lease keeps its lanes and its running deliveries' tokens.
+  -- They are named as the previous claim reported them: finding them by owner reads every
+  -- lane's page, which only a stream's first claim and one after a failure do.
   SELECT l.lane, greatest($9 - (SELECT count(*) FROM unnest(l.in_flight) AS x
                                   WHERE x IN (SELECT unnest($7::text[]))), 0) AS room
     FROM "{{schema}}"."{{prefix}}lanes" l
    WHERE l.lane = ANY (coalesce($12, ARRAY(SELECT o.lane FROM "{{schema}}"."{{prefix}}lanes" o
                                             WHERE o.lease_owner = $1)))
-     AND l.lease_owner = $1 AND l.lease_expires_at > now() AND l.lane % $10 = $11
+     AND l.lease_owner = $1 AND l.lane % $10 = $11
 ), held AS (
-  -- Those with room, locked (a takeover of them waits), and what each keeps in flight: what the
-  -- worker still has outstanding.
+  -- Those with room, locked (a takeover of them waits, and one that committed first leaves
+  -- the lane out), and what each keeps in flight: what the worker still has outstanding.
   SELECT l.lane, l.epoch, l.in_flight,
          ARRAY(SELECT x FROM unnest(l.in_flight) AS x WHERE x IN (SELECT unnest($7::text[])))
            AS running
     FROM "{{schema}}"."{{prefix}}lanes" l
-   WHERE l.lane = ANY (ARRAY(SELECT lane FROM ours WHERE room > 0))
-     AND l.lease_owner = $1 AND l.lease_expires_at > now()
+   WHERE l.lane = ANY (ARRAY(SELECT lane FROM ours WHERE room > 0)) AND l.lease_owner = $1
    ORDER BY l.lane FOR UPDATE
 ), candidates AS (
-  -- Free or expired lanes of the stream with due work for these handlers, probed one by one
-  -- from the $8th until enough have some: $5, or more when the held lanes lack room for the
-  -- batch (the last batch may still be recorded in them); the probe follows the due index's
-  -- order.
+  -- Free or expired lanes of the stream, not this worker's, probed one by one from the $8th
+  -- until enough are found: $5, or more when the held lanes lack room for the batch (the last
+  -- batch may still be recorded in them). A lane qualifies with due work for these handlers
+  -- (the probe follows the due index's order), or when its lease expired with deliveries in
+  -- flight: a dead worker's lane is taken over, and its deliveries charged, whatever is due.
   SELECT c.lane FROM (SELECT ($11 + $10 * ((g + $8) % (256 / $10)))::int2 AS lane
                         FROM generate_series(0, 256 / $10 - 1) g) c
-   WHERE (SELECT true FROM "{{schema}}"."{{prefix}}lanes" l
-           WHERE l.lane = c.lane AND (l.lease_owner IS NULL OR l.lease_expires_at <= now()))
-     AND (SELECT true FROM "{{schema}}"."{{prefix}}deliveries" d
-           WHERE d.lane = c.lane AND d.status = 'pending' AND d.available_at <= now()
-             AND d.handler = ANY ($3) ORDER BY d.available_at LIMIT 1)
+  CROSS JOIN LATERAL (
+    SELECT l.lease_expires_at <= now() AND cardinality(l.in_flight) > 0 AS abandoned
+      FROM "{{schema}}"."{{prefix}}lanes" l
+     WHERE l.lane = c.lane AND (l.lease_owner IS NULL OR l.lease_expires_at <= now())) f
+   WHERE c.lane NOT IN (SELECT lane FROM ours)
+     AND (f.abandoned
+          OR (SELECT true FROM "{{schema}}"."{{prefix}}deliveries" d
+               WHERE d.lane = c.lane AND d.status = 'pending' AND d.available_at <= now()
+                 AND d.handler = ANY ($3) ORDER BY d.available_at LIMIT 1))
    LIMIT greatest($5, (SELECT ceil(($4 - coalesce(sum(room), 0)) / $9::numeric) FROM ours))
 ), taken AS (
-  -- The candidates, locked unless another claimer has them, and still free.
+  -- The candidates, locked unless another claimer has them, and still free (a lane this
+  -- worker held without knowing it, after a claim whose answer was lost, is taken like any).
   SELECT l.lane, l.epoch, l.in_flight, l.lease_owner IS NOT NULL AS takeover
     FROM "{{schema}}"."{{prefix}}lanes" l
    WHERE l.lane IN (SELECT lane FROM candidates)

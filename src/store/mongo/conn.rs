@@ -4,20 +4,25 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mongodb::bson::Document;
+use mongodb::error::{ErrorKind, TRANSIENT_TRANSACTION_ERROR, UNKNOWN_TRANSACTION_COMMIT_RESULT};
 use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
 use mongodb::options::{ClientOptions, ConnectionString};
 use mongodb::{Client, ClientSession, Collection, Database};
 use tokio::sync::OnceCell;
 
-use crate::store::{redact, ClientCounts, Result, StoreError, StoreOptions};
+use crate::store::{
+    redact, refuse_ambiguous, unparsable, ClientCounts, Result, StoreError, StoreOptions,
+};
 
 /// A server that accepts connections and never answers fails a command within this, unless the
 /// URL sets `serverSelectionTimeoutMS`.
 const SERVER_SELECTION_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a transaction is run again after transient errors before it fails.
+const TRANSIENT_RETRY: Duration = Duration::from_secs(2);
 
 /// The database a MongoDB URL names in its path, if any.
 pub(crate) fn url_database(url: &str) -> Option<String> {
@@ -51,10 +56,8 @@ pub(super) struct Connection {
 impl Connection {
     /// Checks the URL now; connects on first use.
     pub(super) fn new(url: &str, database: &str, options: &StoreOptions) -> Result<Self> {
-        ConnectionString::parse(url).map_err(|e| StoreError::InvalidConnectionString {
-            shown: redact(url),
-            why: e.to_string(),
-        })?;
+        refuse_ambiguous(url)?;
+        ConnectionString::parse(url).map_err(|e| unparsable(url, e.kind.to_string()))?;
         Ok(Self {
             url: url.to_owned(),
             database: database.to_owned(),
@@ -82,9 +85,29 @@ impl Connection {
                             operations.fetch_add(1, Ordering::Relaxed);
                         }
                     }));
-                Client::with_options(options).map_err(|e| self.connect_error(e))
+                let client = Client::with_options(options).map_err(|e| self.connect_error(e))?;
+                self.require_replica_set(&client).await?;
+                Ok(client)
             })
             .await
+    }
+
+    /// Fails unless the server is a replica set member or a `mongos`: asked once, when the
+    /// client is built, so that no command runs against a standalone server.
+    async fn require_replica_set(&self, client: &Client) -> Result<()> {
+        let hello = client
+            .database("admin")
+            .run_command(mongodb::bson::doc! { "hello": 1 })
+            .await
+            .map_err(|e| self.connect_error(e))?;
+        let replica_set = hello.get_str("setName").is_ok();
+        let router = hello.get_str("msg") == Ok("isdbgrid");
+        if replica_set || router {
+            return Ok(());
+        }
+        Err(StoreError::NotReplicaSet {
+            target: format!("MongoDB at {}", redact(&self.url)),
+        })
     }
 
     pub(super) async fn database(&self) -> Result<Database> {
@@ -105,7 +128,7 @@ impl Connection {
     fn connect_error(&self, cause: mongodb::error::Error) -> StoreError {
         StoreError::Connect {
             target: format!("MongoDB at {}", redact(&self.url)),
-            detail: cause.to_string(),
+            detail: describe(&cause),
             cause: Box::new(cause),
         }
     }
@@ -118,30 +141,127 @@ impl Connection {
     ) -> impl Fn(mongodb::error::Error) -> StoreError + '_ {
         let context = context.into();
         move |cause| match *cause.kind {
-            mongodb::error::ErrorKind::ServerSelection { .. }
-            | mongodb::error::ErrorKind::DnsResolve { .. } => self.connect_error(cause),
+            ErrorKind::ServerSelection { .. }
+            | ErrorKind::DnsResolve { .. }
+            | ErrorKind::Authentication { .. } => self.connect_error(cause),
             _ => StoreError::Database {
                 context: context.clone(),
-                detail: cause.to_string(),
+                detail: describe(&cause),
                 cause: Box::new(cause),
             },
         }
     }
 
-    /// Runs `body` in a transaction, committed when it returns; transient errors (a write
-    /// conflict with another transaction, an unknown commit result) run it again, as the
-    /// driver's convenient transaction API documents.
+    /// Runs `body` in a transaction, committed when it returns. Transient errors (a write
+    /// conflict with another transaction, an unknown commit result) run it again for
+    /// `TRANSIENT_RETRY` at most, then fail: the driver's own loop retries for 120 s, longer
+    /// than the server keeps a dead client's transaction (60 s), and a worker waited behind one
+    /// for all that time. Each caller retries later as its work allows (`transient` tells).
     pub(super) async fn transaction<T>(
         &self,
         context: &str,
-        body: impl for<'s> AsyncFnMut(&'s mut ClientSession) -> mongodb::error::Result<T>,
+        mut body: impl for<'s> AsyncFnMut(&'s mut ClientSession) -> mongodb::error::Result<T>,
     ) -> Result<T> {
         let client = self.client().await?;
         let mut session = client.start_session().await.map_err(self.error(context))?;
-        session
-            .start_transaction()
-            .and_run2(body)
-            .await
-            .map_err(self.error(context))
+        let deadline = Instant::now() + TRANSIENT_RETRY;
+        let mut pause = Duration::from_millis(5);
+        loop {
+            match attempt(&mut session, &mut body, deadline).await {
+                Err(e)
+                    if e.contains_label(TRANSIENT_TRANSACTION_ERROR)
+                        && Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+                done => return done.map_err(self.error(context)),
+            }
+        }
+    }
+}
+
+/// A driver error in one sentence: the kind's own message, without the driver's dump of labels
+/// and sources. When no server could be selected, each server's own error (a refused
+/// connection, bad credentials) instead of the topology; the driver's labels on them
+/// ("SystemOverloadedError" on a refused connection) are for its retry logic, not for people.
+pub(super) fn describe(e: &mongodb::error::Error) -> String {
+    match &*e.kind {
+        ErrorKind::ServerSelection { message, .. } => {
+            let servers = server_errors(message);
+            if servers.is_empty() {
+                "no server answered before the server selection timeout \
+                 (serverSelectionTimeoutMS)"
+                    .to_owned()
+            } else {
+                servers.join("; ")
+            }
+        }
+        ErrorKind::Authentication { message, .. } => {
+            format!("bad credentials (authentication failed: {message})")
+        }
+        kind => kind.to_string(),
+    }
+}
+
+/// `address: error` of each server the driver's server selection message lists with an error,
+/// from its description of the topology (`{ Address: h:p, Type: Unknown, Error: Kind: ...,
+/// labels: ... }`).
+fn server_errors(message: &str) -> Vec<String> {
+    message
+        .split("Address: ")
+        .skip(1)
+        .filter_map(|server| {
+            let (address, rest) = server.split_once(',')?;
+            let error = rest.split_once("Error: Kind: ")?.1;
+            let error = error.split(", labels:").next()?.trim();
+            let error = match error.strip_prefix("I/O error: ") {
+                Some(io) => io.to_owned(),
+                None => error.to_owned(),
+            };
+            let error = if error.contains("Authentication failed") || error.contains("auth") {
+                format!("bad credentials ({error})")
+            } else {
+                error
+            };
+            Some(format!("{address}: {error}"))
+        })
+        .collect()
+}
+
+/// Whether a store error is a transient conflict of transactions: the same work may succeed
+/// once the other transaction ends.
+pub(super) fn transient(e: &StoreError) -> bool {
+    match e {
+        StoreError::Database { cause, .. } => cause
+            .downcast_ref::<mongodb::error::Error>()
+            .is_some_and(|e| e.contains_label(TRANSIENT_TRANSACTION_ERROR)),
+        _ => false,
+    }
+}
+
+/// One run of a transaction's body and its commit; an unknown commit result is committed again
+/// until `deadline`, as the transactions specification allows.
+async fn attempt<T>(
+    session: &mut ClientSession,
+    body: &mut impl for<'s> AsyncFnMut(&'s mut ClientSession) -> mongodb::error::Result<T>,
+    deadline: Instant,
+) -> mongodb::error::Result<T> {
+    session.start_transaction().await?;
+    let value = match body(session).await {
+        Ok(value) => value,
+        Err(e) => {
+            // The server may have aborted it already; either way it is over.
+            let _ = session.abort_transaction().await;
+            return Err(e);
+        }
+    };
+    loop {
+        match session.commit_transaction().await {
+            Err(e)
+                if e.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT)
+                    && Instant::now() < deadline => {}
+            done => return done.map(|()| value),
+        }
     }
 }

@@ -15,6 +15,7 @@ use std::collections::{HashMap, HashSet};
 use mongodb::bson::{doc, Bson, DateTime, Document};
 use mongodb::Collection;
 
+use super::conn::transient;
 use super::keys::{held_back, release_keys};
 use super::model::{after, all, all_in, candidate_fields, chrono, Candidate, Lane};
 use super::{MongoStore, COMPLETIONS, DELIVERIES, EVENTS, LANES, READY};
@@ -37,6 +38,25 @@ struct Unpaid {
     lost: Vec<String>,
 }
 
+impl Unpaid {
+    fn of(l: &Lane) -> Self {
+        Self {
+            lane: l.lane,
+            epoch: l.epoch,
+            lost: l.lost.clone(),
+        }
+    }
+
+    /// The losses of a takeover that landed.
+    fn taken(i: &Intent) -> Option<Self> {
+        Some(Self {
+            lane: i.lane,
+            epoch: i.epoch,
+            lost: i.takeover.clone()?,
+        })
+    }
+}
+
 /// What one statement of the lane update means to do.
 struct Intent {
     lane: i32,
@@ -44,6 +64,29 @@ struct Intent {
     picks: Vec<Candidate>,
     takeover: Option<Vec<String>>,
     fresh: bool,
+}
+
+impl Intent {
+    fn held(l: &Lane, picks: Vec<Candidate>) -> Self {
+        Self {
+            lane: l.lane,
+            epoch: l.epoch,
+            picks,
+            takeover: None,
+            fresh: false,
+        }
+    }
+
+    /// A free lane taken with `picks`, or taken over with what it had in flight `lost`.
+    fn taken(l: &Lane, picks: Vec<Candidate>, lost: Option<Vec<String>>) -> Self {
+        Self {
+            lane: l.lane,
+            epoch: l.epoch + 1,
+            picks,
+            takeover: lost,
+            fresh: true,
+        }
+    }
 }
 
 /// Due deliveries of these handlers in the claim index, in `lanes` when given.
@@ -83,33 +126,23 @@ impl MongoStore {
             .await
             .map_err(&failed)?;
         lanes.retain(|l| req.lanes.holds(l.lane));
-        let mine = |l: &Lane| {
-            l.live(now)
-                && l.owner.as_deref() == Some(req.owner.as_str())
-                && l.holder.as_deref() == Some(self.holder.as_str())
-        };
         let mut stats = ClaimStats::default();
         // Losses of an earlier takeover of ours that could not be charged come first.
         let unpaid: Vec<Unpaid> = lanes
             .iter()
-            .filter(|l| mine(l) && !l.lost.is_empty())
-            .map(|l| Unpaid {
-                lane: l.lane,
-                epoch: l.epoch,
-                lost: l.lost.clone(),
-            })
+            .filter(|l| self.mine(l, req) && !l.lost.is_empty())
+            .map(Unpaid::of)
             .collect();
-        stats.charged += self.charge(&unpaid, req).await?;
-        for l in lanes
-            .iter_mut()
-            .filter(|l| unpaid.iter().any(|u| u.lane == l.lane))
-        {
+        let (charged, paid) = self.charge(&unpaid, req).await?;
+        stats.charged += charged;
+        for l in lanes.iter_mut().filter(|l| paid.contains(&l.lane)) {
             l.lost.clear();
         }
-        let held: Vec<&Lane> = lanes.iter().filter(|l| mine(l)).collect();
+        let held: Vec<&Lane> = lanes.iter().filter(|l| self.mine(l, req)).collect();
+        // Losses not charged yet are not handed out again before they are.
         let busy: Vec<&str> = held
             .iter()
-            .flat_map(|l| l.in_flight.iter().map(String::as_str))
+            .flat_map(|l| l.in_flight.iter().chain(&l.lost).map(String::as_str))
             .collect();
         let mut picks: Vec<Candidate> = vec![];
         let mut blocked = vec![];
@@ -121,21 +154,9 @@ impl MongoStore {
             picks.extend(eligible);
             blocked.extend(b);
         }
-        let mut fresh: Vec<&Lane> = vec![];
-        let mut takeovers: Vec<&Lane> = vec![];
+        let (mut fresh, mut takeovers) = (vec![], vec![]);
         if req.new_lanes > 0 && (picks.len() as i64) < req.batch {
-            let free: Vec<&Lane> = lanes.iter().filter(|l| !l.live(now)).collect();
-            for lane in self.probe(&deliveries, &free, req, now).await? {
-                let l = free
-                    .iter()
-                    .find(|l| l.lane == lane)
-                    .expect("probed lanes are free");
-                if l.in_flight.is_empty() && l.lost.is_empty() {
-                    fresh.push(l);
-                } else {
-                    takeovers.push(l);
-                }
-            }
+            (fresh, takeovers) = self.lanes_to_take(&deliveries, &lanes, req, now).await?;
             if !fresh.is_empty() {
                 let ids: Vec<i32> = fresh.iter().map(|l| l.lane).collect();
                 let want = req.batch - picks.len() as i64;
@@ -146,46 +167,109 @@ impl MongoStore {
                 blocked.extend(b);
             }
         }
+        let (updates, intents) = self.lane_updates(&held, &fresh, &takeovers, picks, req);
+        let landed = self.write_lanes(&lanes_coll, updates, intents, req).await?;
+        stats.lanes_taken = landed.iter().filter(|i| i.fresh).count() as i64;
+        let unpaid: Vec<Unpaid> = landed.iter().filter_map(Unpaid::taken).collect();
+        stats.charged += self.charge(&unpaid, req).await?.0;
+        self.park(&blocked).await;
+        let claimed = self.with_events(landed).await?;
+        Ok((claimed, stats))
+    }
+
+    /// A lane this store instance holds for the worker. Its lease may have expired: until another
+    /// worker takes the lane over, the epoch that fences every write is still the worker's, so a
+    /// worker that stalled past its lease keeps its lanes and its running deliveries' tokens.
+    fn mine(&self, l: &Lane, req: &ClaimRequest) -> bool {
+        l.owner.as_deref() == Some(req.owner.as_str())
+            && l.holder.as_deref() == Some(self.holder.as_str())
+    }
+
+    /// The free or expired lanes to take, `new_lanes` at most, split into fresh ones and
+    /// takeovers: first those with due work (the probe's), then lanes a dead worker left with
+    /// deliveries in flight or losses not charged, whatever is due, so that every such lane is
+    /// taken over and its deliveries charged.
+    async fn lanes_to_take<'l>(
+        &self,
+        coll: &Collection<Document>,
+        lanes: &'l [Lane],
+        req: &ClaimRequest,
+        now: DateTime,
+    ) -> Result<(Vec<&'l Lane>, Vec<&'l Lane>)> {
+        let free: Vec<&Lane> = lanes
+            .iter()
+            .filter(|l| !l.live(now) && !self.mine(l, req))
+            .collect();
+        let mut chosen = self.probe(coll, &free, req, now).await?;
+        let abandoned = free
+            .iter()
+            .filter(|l| l.owner.is_some() && !(l.in_flight.is_empty() && l.lost.is_empty()));
+        for l in abandoned {
+            if chosen.len() as i64 >= req.new_lanes {
+                break;
+            }
+            if !chosen.contains(&l.lane) {
+                chosen.push(l.lane);
+            }
+        }
+        let (mut fresh, mut takeovers) = (vec![], vec![]);
+        for lane in chosen {
+            let l = *free
+                .iter()
+                .find(|l| l.lane == lane)
+                .expect("chosen lanes are free");
+            if l.in_flight.is_empty() && l.lost.is_empty() {
+                fresh.push(l);
+            } else {
+                takeovers.push(l);
+            }
+        }
+        Ok((fresh, takeovers))
+    }
+
+    /// One conditional update per lane the claim writes, and what each means to do: held lanes
+    /// get their picks beside what still runs, or are handed back when they run nothing (unless
+    /// they keep losses to charge); fresh lanes are taken with their picks; taken-over lanes move
+    /// what was in flight into `lost` and are picked from by the next claim.
+    fn lane_updates(
+        &self,
+        held: &[&Lane],
+        fresh: &[&Lane],
+        takeovers: &[&Lane],
+        picks: Vec<Candidate>,
+        req: &ClaimRequest,
+    ) -> (Vec<Document>, Vec<Intent>) {
         let mut by_lane: HashMap<i32, Vec<Candidate>> = HashMap::new();
         for p in picks {
             by_lane.entry(p.lane_id).or_default().push(p);
         }
         // The lease runs from its recording on, however long the reads took.
         let lease_until = after(DateTime::now(), req.lease);
-        let mut intents = vec![];
-        let mut updates = vec![];
-        for l in &held {
-            let running: Vec<String> = l
+        let (mut updates, mut intents) = (vec![], vec![]);
+        for l in held {
+            let running: Vec<&str> = l
                 .in_flight
                 .iter()
                 .filter(|id| req.outstanding.contains(id))
-                .cloned()
+                .map(String::as_str)
                 .collect();
             let p = by_lane.remove(&l.lane).unwrap_or_default();
-            let update = if !p.is_empty() || !running.is_empty() {
-                if p.is_empty() && running == l.in_flight {
-                    continue;
-                }
-                let in_flight: Vec<&str> = running
-                    .iter()
-                    .map(String::as_str)
-                    .chain(p.iter().map(|c| c.id.as_str()))
-                    .collect();
-                doc! { "$set": { "inFlight": in_flight, "leaseExpiresAt": lease_until } }
-            } else {
+            let update = if p.is_empty() && running.is_empty() && l.lost.is_empty() {
                 doc! { "$set": {
                     "owner": Bson::Null, "holder": Bson::Null, "leaseExpiresAt": Bson::Null,
                     "inFlight": [],
                 } }
+            } else if p.is_empty() && running.len() == l.in_flight.len() {
+                continue;
+            } else {
+                let in_flight: Vec<&str> = running
+                    .into_iter()
+                    .chain(p.iter().map(|c| c.id.as_str()))
+                    .collect();
+                doc! { "$set": { "inFlight": in_flight, "leaseExpiresAt": lease_until } }
             };
             updates.push(doc! { "q": as_read(l), "u": update });
-            intents.push(Intent {
-                lane: l.lane,
-                epoch: l.epoch,
-                picks: p,
-                takeover: None,
-                fresh: false,
-            });
+            intents.push(Intent::held(l, p));
         }
         let take = |l: &Lane, in_flight: Vec<&str>, lost: Vec<&str>| {
             doc! { "q": as_read(l), "u": { "$set": {
@@ -193,46 +277,19 @@ impl MongoStore {
                 "leaseExpiresAt": lease_until, "inFlight": in_flight, "lost": lost,
             } } }
         };
-        for l in &fresh {
+        for l in fresh {
             let Some(p) = by_lane.remove(&l.lane) else {
                 continue;
             };
             updates.push(take(l, p.iter().map(|c| c.id.as_str()).collect(), vec![]));
-            intents.push(Intent {
-                lane: l.lane,
-                epoch: l.epoch + 1,
-                picks: p,
-                takeover: None,
-                fresh: true,
-            });
+            intents.push(Intent::taken(l, p, None));
         }
-        for l in &takeovers {
+        for l in takeovers {
             let lost: Vec<String> = l.lost.iter().chain(&l.in_flight).cloned().collect();
             updates.push(take(l, vec![], lost.iter().map(String::as_str).collect()));
-            intents.push(Intent {
-                lane: l.lane,
-                epoch: l.epoch + 1,
-                picks: vec![],
-                takeover: Some(lost),
-                fresh: true,
-            });
+            intents.push(Intent::taken(l, vec![], Some(lost)));
         }
-        let landed = self.write_lanes(&lanes_coll, updates, intents, req).await?;
-        stats.lanes_taken = landed.iter().filter(|i| i.fresh).count() as i64;
-        let unpaid: Vec<Unpaid> = landed
-            .iter()
-            .filter_map(|i| {
-                i.takeover.as_ref().map(|lost| Unpaid {
-                    lane: i.lane,
-                    epoch: i.epoch,
-                    lost: lost.clone(),
-                })
-            })
-            .collect();
-        stats.charged += self.charge(&unpaid, req).await?;
-        self.park(&blocked).await;
-        let claimed = self.with_events(landed).await?;
-        Ok((claimed, stats))
+        (updates, intents)
     }
 
     /// The due deliveries of these lanes, lane by lane in due order: the heads of their keys
@@ -357,28 +414,52 @@ impl MongoStore {
     }
 
     /// Charges one attempt to each delivery a takeover lost (burying it at its handler's last
-    /// attempt), and clears the lanes' `lost`, in one transaction.
-    async fn charge(&self, unpaid: &[Unpaid], req: &ClaimRequest) -> Result<i64> {
-        if unpaid.is_empty() {
-            return Ok(0);
+    /// attempt) and clears the lane's `lost`: lane by lane, each in a transaction of its own.
+    /// A dead worker's transaction that wrote those deliveries conflicts with the charge until
+    /// the server ends it (`transactionLifetimeLimitSeconds`); such a lane keeps its losses for
+    /// a later claim, and its deliveries are not handed out meanwhile, while the other lanes go
+    /// on. Returns how many deliveries were charged, and the lanes whose losses are settled.
+    async fn charge(&self, unpaid: &[Unpaid], req: &ClaimRequest) -> Result<(i64, Vec<i32>)> {
+        let (mut charged, mut paid) = (0, vec![]);
+        for u in unpaid {
+            match self.charge_lane(u, req).await {
+                Ok(n) => {
+                    charged += n;
+                    paid.push(u.lane);
+                }
+                Err(e) if transient(&e) => tracing::debug!(
+                    lane = u.lane,
+                    error = %format!("{e:#}"),
+                    "the deliveries of a taken-over lane are still written by another \
+                     transaction; charging them at a later claim"
+                ),
+                Err(e) => return Err(e),
+            }
         }
+        Ok((charged, paid))
+    }
+
+    async fn charge_lane(&self, unpaid: &Unpaid, req: &ClaimRequest) -> Result<i64> {
         let deliveries = self.conn.collection(&self.name(DELIVERIES)).await?;
         let lanes = self.conn.collection(&self.name(LANES)).await?;
-        let unpaid = unpaid.to_vec();
+        let u = unpaid.clone();
         let (handlers, max_attempts) = (req.handlers.clone(), req.max_attempts.clone());
-        let max_of = move |handler: &str| {
-            handlers
+        let last_attempt = move |c: &Candidate| {
+            let max = handlers
                 .iter()
-                .position(|h| h == handler)
+                .position(|h| *h == c.handler)
                 .and_then(|i| max_attempts.get(i).copied())
-                .unwrap_or(i32::MAX)
+                .unwrap_or(i32::MAX);
+            c.attempts.saturating_add(1) >= max
         };
+        let error = format!(
+            "lease lost: the worker holding lane {} stopped without completing",
+            u.lane
+        );
         self.conn
-            .transaction("could not charge the deliveries of a taken-over lane", async move |s| {
-                let now = DateTime::now();
-                let mut charged = 0;
-                let mut buried = vec![];
-                for u in &unpaid {
+            .transaction(
+                "could not charge the deliveries of a taken-over lane",
+                async move |s| {
                     let cursor = deliveries
                         .clone_with_type::<Candidate>()
                         .find(doc! { "_id": { "$in": &u.lost }, "status": "pending" })
@@ -386,14 +467,11 @@ impl MongoStore {
                         .session(&mut *s)
                         .await?;
                     let found = all_in(cursor, s).await?;
-                    let error = format!(
-                        "lease lost: the worker holding lane {} stopped without completing",
-                        u.lane
-                    );
+                    let now = DateTime::now();
                     for dead in [false, true] {
                         let ids: Vec<&str> = found
                             .iter()
-                            .filter(|c| (c.attempts.saturating_add(1) >= max_of(&c.handler)) == dead)
+                            .filter(|c| last_attempt(c) == dead)
                             .map(|c| c.id.as_str())
                             .collect();
                         if ids.is_empty() {
@@ -401,23 +479,16 @@ impl MongoStore {
                         }
                         let status = if dead { "dead" } else { "pending" };
                         deliveries
-                            .update_many(
-                                doc! { "_id": { "$in": &ids }, "status": "pending" },
-                                doc! {
-                                    "$inc": { "attempts": 1, "claims": 1 },
-                                    "$set": { "status": status, "lastError": &error, "updatedAt": now },
-                                },
-                            )
-                            .session(&mut *s)
-                            .await?;
+                        .update_many(
+                            doc! { "_id": { "$in": &ids }, "status": "pending" },
+                            doc! {
+                                "$inc": { "attempts": 1, "claims": 1 },
+                                "$set": { "status": status, "lastError": &error, "updatedAt": now },
+                            },
+                        )
+                        .session(&mut *s)
+                        .await?;
                     }
-                    buried.extend(
-                        found
-                            .iter()
-                            .filter(|c| c.attempts.saturating_add(1) >= max_of(&c.handler))
-                            .cloned(),
-                    );
-                    charged += found.len() as i64;
                     lanes
                         .update_one(
                             doc! { "_id": u.lane, "epoch": u.epoch },
@@ -425,10 +496,12 @@ impl MongoStore {
                         )
                         .session(&mut *s)
                         .await?;
-                }
-                release_keys(&deliveries, s, &held_back(&buried)).await?;
-                Ok(charged)
-            })
+                    let buried: Vec<Candidate> =
+                        found.iter().filter(|c| last_attempt(c)).cloned().collect();
+                    release_keys(&deliveries, s, &held_back(&buried)).await?;
+                    Ok(found.len() as i64)
+                },
+            )
             .await
     }
 
@@ -548,7 +621,7 @@ impl MongoStore {
                     return Ok(vec![]);
                 }
                 #[cfg(test)]
-                if let Some(p) = pause.take() {
+                if let Some(p) = pause.take_if(|p| !p.after_writes) {
                     p.hold().await;
                 }
                 let done_ids: Vec<&str> = done.iter().map(|c| c.id.as_str()).collect();
@@ -567,6 +640,10 @@ impl MongoStore {
                     completions.insert_many(entries).session(&mut *s).await?;
                 }
                 release_keys(&deliveries, s, &held_back(&done)).await?;
+                #[cfg(test)]
+                if let Some(p) = pause.take() {
+                    p.hold().await;
+                }
                 Ok(done.into_iter().map(|c| c.id).collect())
             })
             .await
@@ -605,16 +682,9 @@ impl MongoStore {
                     return Ok(FailOutcome::LeaseLost);
                 };
                 let now = DateTime::now();
-                let (dead, due_at) = match &failure {
-                    Failure::Reject => (true, None),
-                    Failure::Retry {
-                        delay,
-                        max_attempts,
-                    } => {
-                        let dead = d.attempts.saturating_add(1) >= *max_attempts;
-                        (dead, (!dead).then(|| after(now, *delay)))
-                    }
-                };
+                let (charged, max_attempts, reject, delay) = failure.terms();
+                let dead = reject || d.attempts.saturating_add(charged) >= max_attempts;
+                let due_at = (!dead).then(|| after(now, delay));
                 let mut set = doc! {
                     "status": if dead { "dead" } else { "pending" },
                     "lastError": &error, "updatedAt": now,
@@ -625,7 +695,7 @@ impl MongoStore {
                 deliveries
                     .update_one(
                         doc! { "_id": &d.id, "claims": d.claims },
-                        doc! { "$inc": { "attempts": 1, "claims": 1 }, "$set": set },
+                        doc! { "$inc": { "attempts": charged, "claims": 1 }, "$set": set },
                     )
                     .session(&mut *s)
                     .await?;
@@ -645,11 +715,21 @@ impl MongoStore {
             .await
     }
 
-    pub(super) async fn renew_impl(&self, owner: &str, lease: std::time::Duration) -> Result<u64> {
+    /// Lanes whose takeover's losses are not charged yet are renewed too: their holder charges
+    /// them at its next claims.
+    pub(super) async fn renew_impl(
+        &self,
+        owner: &str,
+        lease: std::time::Duration,
+        running: &[String],
+    ) -> Result<u64> {
         let lanes = self.conn.collection(&self.name(LANES)).await?;
         let updated = lanes
             .update_many(
-                doc! { "owner": owner, "holder": &self.holder, "inFlight.0": { "$exists": true } },
+                doc! {
+                    "owner": owner, "holder": &self.holder,
+                    "$or": [{ "inFlight": { "$in": running } }, { "lost.0": { "$exists": true } }],
+                },
                 doc! { "$set": { "leaseExpiresAt": after(DateTime::now(), lease) } },
             )
             .await
@@ -737,10 +817,12 @@ pub(super) mod tests {
     use crate::store::mongo::MongoStore;
     use crate::store::{ClaimRequest, EventLimits, Namespace, NewEvent, Store, StoreOptions};
 
-    /// Where a paused completion tells it has read, and waits to be let go.
+    /// Where a paused completion tells it has read (or, `after_writes`, written), and waits to
+    /// be let go.
     pub(in crate::store::mongo) struct Pause {
         reached: Arc<Notify>,
         resume: Arc<Notify>,
+        pub(in crate::store::mongo) after_writes: bool,
     }
 
     impl Pause {
@@ -802,6 +884,7 @@ pub(super) mod tests {
         *first.completion_pause.lock().unwrap() = Some(Pause {
             reached: Arc::clone(&reached),
             resume: Arc::clone(&resume),
+            after_writes: false,
         });
         let completion = tokio::spawn({
             let (first, token) = (Arc::clone(&first), token.clone());
@@ -831,5 +914,100 @@ pub(super) mod tests {
         assert_eq!(completed, Vec::<String>::new());
         assert_eq!(tokens, [(token.epoch + 1, 1, 1)]);
         assert_eq!(done, [token.delivery_id]);
+    }
+
+    /// A worker dies inside a completion transaction (kill -9 after its deletes, before its
+    /// commit): the server keeps the transaction, and what it wrote, until its lifetime ends
+    /// (60 s). The next worker's takeover cannot charge that lane's deliveries meanwhile; it
+    /// charges and runs the other lanes' at once and keeps the conflicting losses for a later
+    /// claim, which settles them once the dead transaction is gone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_worker_s_open_transaction_holds_up_only_its_own_lane() {
+        let database = format!("u{}_dead_transaction", std::process::id());
+        let dead = Arc::new(store(&database));
+        let next = store(&database);
+        dead.setup(false).await.unwrap();
+        // Two events in two lanes.
+        let ids = ["e1", "e2"];
+        assert_ne!(
+            crate::store::lane::lane_of(None, ids[0]),
+            crate::store::lane::lane_of(None, ids[1])
+        );
+        let limits = EventLimits {
+            max_payload_bytes: 1000,
+        };
+        let events: Vec<NewEvent> = ids
+            .iter()
+            .map(|id| {
+                let handlers = vec!["h".into()];
+                let payload = serde_json::json!({});
+                NewEvent::new(
+                    id.to_string(),
+                    "t".into(),
+                    None,
+                    payload,
+                    Default::default(),
+                    handlers,
+                    &limits,
+                )
+                .unwrap()
+            })
+            .collect();
+        dead.publish(&events).await.unwrap();
+        let lease = Duration::from_millis(300);
+        let (claimed, _) = dead.claim(&request("w1", lease)).await.unwrap();
+        assert_eq!(claimed.len(), 2);
+        let e1 = claimed
+            .iter()
+            .find(|d| d.event_id == "e1")
+            .unwrap()
+            .token
+            .clone();
+        let (reached, resume) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        *dead.completion_pause.lock().unwrap() = Some(Pause {
+            reached: Arc::clone(&reached),
+            resume: Arc::clone(&resume),
+            after_writes: true,
+        });
+        let dying = tokio::spawn({
+            let dead = Arc::clone(&dead);
+            async move { dead.complete(&[e1], false).await }
+        });
+        reached.notified().await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let started = std::time::Instant::now();
+        let (none, stats) = next
+            .claim(&request("w2", Duration::from_secs(30)))
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        let (first, _) = next
+            .claim(&request("w2", Duration::from_secs(30)))
+            .await
+            .unwrap();
+        let first: Vec<_> = first
+            .iter()
+            .map(|d| (d.event_id.clone(), d.attempts))
+            .collect();
+        // The dead worker's transaction ends (the server would end it after its lifetime).
+        dying.abort();
+        let _ = dying.await;
+        let mut settled = None;
+        for _ in 0..50 {
+            let (again, stats) = next
+                .claim(&request("w2", Duration::from_secs(30)))
+                .await
+                .unwrap();
+            if !again.is_empty() {
+                settled = Some((stats.charged, again[0].event_id.clone(), again[0].attempts));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        next.conn.database().await.unwrap().drop().await.unwrap();
+        assert!(took < Duration::from_secs(5), "the takeover took {took:?}");
+        assert_eq!((none.len(), stats.charged, stats.lanes_taken), (0, 1, 2));
+        assert_eq!(first, [("e2".to_owned(), 1)]);
+        assert_eq!(settled, Some((1, "e1".to_owned(), 1)));
     }
 }

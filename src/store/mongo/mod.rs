@@ -142,8 +142,8 @@ impl Store for MongoStore {
         self.fail_impl(token, failure, error).await
     }
 
-    async fn renew(&self, owner: &str, lease: Duration) -> Result<u64> {
-        self.renew_impl(owner, lease).await
+    async fn renew(&self, owner: &str, lease: Duration, running: &[String]) -> Result<u64> {
+        self.renew_impl(owner, lease, running).await
     }
 
     async fn release(&self, owner: &str, aborted: &[LeaseToken]) -> Result<u64> {

@@ -7,7 +7,7 @@
 //! Parse, Bind and Execute of an unnamed statement in one round trip, which poolers accept.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures_util::StreamExt;
@@ -15,12 +15,14 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{AsyncMessage, Client, Config, Connection, Row, Socket, Statement};
+use tokio_postgres::{
+    AsyncMessage, Client, Config, Connection, Row, SimpleQueryMessage, Socket, Statement,
+};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::conninfo::{self, ConnInfo};
 use super::sql::Sql;
-use crate::store::{redact, ClientCounts, Result, StoreError, StoreOptions};
+use crate::store::{refuse_ambiguous, unparsable, ClientCounts, Result, StoreError, StoreOptions};
 
 /// The stream of a connection: TLS or plain, as `sslmode` and the server agree.
 pub(crate) type Stream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
@@ -64,16 +66,13 @@ impl ConnectOptions {
     /// From a `postgres://` URL or `key=value` pairs, completed as libpq completes them; with no
     /// string, from the variables alone.
     pub(crate) fn resolve(conn: Option<&str>) -> Result<Self> {
+        refuse_ambiguous(conn.unwrap_or_default())?;
         let ConnInfo {
             config,
             tls,
             connect_timeout,
-        } = conninfo::resolve(conn, &|k| std::env::var(k).ok()).map_err(|why| {
-            StoreError::InvalidConnectionString {
-                shown: conn.map(redact).unwrap_or_default(),
-                why,
-            }
-        })?;
+        } = conninfo::resolve(conn, &|k| std::env::var(k).ok())
+            .map_err(|why| unparsable(conn.unwrap_or_default(), why))?;
         Ok(Self {
             target: describe_target(&config),
             tls: Tls(MakeRustlsConnect::new(tls)),
@@ -196,6 +195,26 @@ pub(crate) fn db(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Erro
     }
 }
 
+/// The errors after which a session cannot be trusted for more work, though it may still be
+/// open: it was opened read-only (`default_transaction_read_only` set for the database, or a
+/// standby after a failover) or the server is going away. The pool closes such a session and
+/// every idle one opened before it, which likely shares the cause, instead of handing them out
+/// again; a worker would otherwise fail on them long after the cause went away.
+pub(crate) fn session_unusable(e: &tokio_postgres::Error) -> bool {
+    let Some(db) = e.as_db_error() else {
+        return e.is_closed();
+    };
+    let code = db.code().code();
+    code.starts_with("08")
+        || code.starts_with("57P")
+        || [
+            SqlState::READ_ONLY_SQL_TRANSACTION.code(),
+            SqlState::IN_FAILED_SQL_TRANSACTION.code(),
+            SqlState::IDLE_IN_TRANSACTION_SESSION_TIMEOUT.code(),
+        ]
+        .contains(&code)
+}
+
 /// The errors of named statements that another client's session prepared or removed: what a
 /// transaction pooler gives when it runs one client's transactions on several server sessions.
 fn statement_shared(e: &tokio_postgres::Error) -> bool {
@@ -230,9 +249,10 @@ struct Session {
 /// The session settings of a tuned connection: one generic plan per statement, made without
 /// sequential scans and without JIT. Left to the server's defaults, a connection's first plan
 /// of a statement is often made on an empty store and would scan a table of millions, and a
-/// generic plan's estimate can pass `jit_above_cost` and compile on every call.
-const TUNED_SESSION: &str =
-    "SET plan_cache_mode = force_generic_plan; SET jit = off; SET enable_seqscan = off";
+/// generic plan's estimate can pass `jit_above_cost` and compile on every call. In the same
+/// round trip, the session's process id, which a stalled worker looks up the blockers of.
+const TUNED_SESSION: &str = "SET plan_cache_mode = force_generic_plan; SET jit = off; \
+                             SET enable_seqscan = off; SELECT pg_backend_pid()";
 
 /// Statements a store sent, and how many of them the server had to parse (a prepare, or an
 /// unnamed statement).
@@ -248,29 +268,60 @@ pub(crate) struct Conn {
     session: Session,
     prepared: HashMap<&'static str, Statement>,
     counts: Arc<StatementCounts>,
+    /// The server process serving it, when known (tuned sessions).
+    pid: Option<i32>,
+    /// The pool's generation when it was opened: an older one is closed on return.
+    generation: u64,
+    /// An error said the session cannot be trusted any more (`session_unusable`).
+    unusable: AtomicBool,
 }
 
 pub(crate) type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
 impl Conn {
-    async fn open(
-        opts: &ConnectOptions,
-        session: Session,
-        counts: Arc<StatementCounts>,
-    ) -> Result<Conn> {
+    async fn open(pool: &Pool) -> Result<Conn> {
+        let opts = &pool.opts;
+        let generation = pool.generation.load(Ordering::Relaxed);
         let client = opts.connect().await?;
-        if session.tuned {
-            client
-                .batch_execute(TUNED_SESSION)
+        let mut pid = None;
+        if pool.session.tuned {
+            let replies = client
+                .simple_query(TUNED_SESSION)
                 .await
                 .map_err(|cause| opts.connect_error(cause))?;
+            pid = replies.iter().find_map(|m| match m {
+                SimpleQueryMessage::Row(row) => row.get(0)?.parse().ok(),
+                _ => None,
+            });
         }
         Ok(Conn {
             client,
-            session,
+            session: pool.session,
             prepared: HashMap::new(),
-            counts,
+            counts: Arc::clone(&pool.counts),
+            pid,
+            generation,
+            unusable: AtomicBool::new(false),
         })
+    }
+
+    /// Passes a result on, remembering an error after which the session is not to be reused.
+    /// Every statement a pooled session runs goes through here, the handler's statements too.
+    pub(crate) fn checked<T>(
+        &self,
+        result: Result<T, tokio_postgres::Error>,
+    ) -> Result<T, tokio_postgres::Error> {
+        if let Err(e) = &result {
+            self.note(e);
+        }
+        result
+    }
+
+    /// Remembers an error after which the session is not to be reused.
+    pub(crate) fn note(&self, e: &tokio_postgres::Error) {
+        if session_unusable(e) {
+            self.unusable.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Runs a statement of the delivery path: prepared once per connection, or unnamed.
@@ -280,13 +331,16 @@ impl Conn {
         params: Params<'_>,
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
         self.counts.statements.fetch_add(1, Ordering::Relaxed);
-        if self.session.prepared {
-            let statement = self.statement(sql).await?;
-            self.client.query(&statement, params).await
+        let result = if self.session.prepared {
+            match self.statement(sql).await {
+                Ok(statement) => self.client.query(&statement, params).await,
+                Err(e) => Err(e),
+            }
         } else {
             self.counts.parses.fetch_add(1, Ordering::Relaxed);
             self.client.query_typed(&sql.text, &sql.typed(params)).await
-        }
+        };
+        self.checked(result)
     }
 
     /// Runs a statement of the delivery path for its row count.
@@ -296,15 +350,18 @@ impl Conn {
         params: Params<'_>,
     ) -> Result<u64, tokio_postgres::Error> {
         self.counts.statements.fetch_add(1, Ordering::Relaxed);
-        if self.session.prepared {
-            let statement = self.statement(sql).await?;
-            self.client.execute(&statement, params).await
+        let result = if self.session.prepared {
+            match self.statement(sql).await {
+                Ok(statement) => self.client.execute(&statement, params).await,
+                Err(e) => Err(e),
+            }
         } else {
             self.counts.parses.fetch_add(1, Ordering::Relaxed);
             self.client
                 .execute_typed(&sql.text, &sql.typed(params))
                 .await
-        }
+        };
+        self.checked(result)
     }
 
     /// Runs an operator's statement unnamed, so the server plans it for these values: a NULL
@@ -316,7 +373,8 @@ impl Conn {
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
         self.counts.statements.fetch_add(1, Ordering::Relaxed);
         self.counts.parses.fetch_add(1, Ordering::Relaxed);
-        self.client.query_typed(&sql.text, &sql.typed(params)).await
+        let result = self.client.query_typed(&sql.text, &sql.typed(params)).await;
+        self.checked(result)
     }
 
     async fn statement(&mut self, sql: &Sql) -> Result<Statement, tokio_postgres::Error> {
@@ -330,13 +388,23 @@ impl Conn {
     }
 }
 
-/// A fixed-size pool. Connections are opened on demand and a broken one is dropped on return.
+/// A fixed-size pool. Connections are opened on demand; one that is closed, or that an error
+/// left unusable, is dropped on return, with every idle one opened before it.
 pub(crate) struct Pool {
     opts: ConnectOptions,
     session: Session,
-    idle: Mutex<Vec<Conn>>,
+    state: Mutex<PoolState>,
+    /// Bumped when a session turned out unusable: older ones are not handed out again.
+    generation: AtomicU64,
     permits: Arc<Semaphore>,
     counts: Arc<StatementCounts>,
+}
+
+#[derive(Default)]
+struct PoolState {
+    idle: Vec<Conn>,
+    /// The server processes of the sessions handed out, where known.
+    busy: Vec<i32>,
 }
 
 pub(crate) struct PooledConn<'a> {
@@ -355,7 +423,8 @@ impl Pool {
                 // clients, and statements are planned per call anyway.
                 tuned: options.long_lived && options.prepared_statements,
             },
-            idle: Mutex::new(Vec::new()),
+            state: Mutex::default(),
+            generation: AtomicU64::new(0),
             permits: Arc::new(Semaphore::new(options.pool_size.max(1))),
             counts: Arc::default(),
         }
@@ -384,11 +453,14 @@ impl Pool {
             .acquire_owned()
             .await
             .expect("the pool's semaphore is never closed");
-        let idle = self.idle.lock().expect("pool lock").pop();
+        let idle = self.state.lock().expect("pool lock").idle.pop();
         let conn = match idle {
             Some(c) if !c.client.is_closed() => c,
-            _ => Conn::open(&self.opts, self.session, Arc::clone(&self.counts)).await?,
+            _ => Conn::open(self).await?,
         };
+        if let Some(pid) = conn.pid {
+            self.state.lock().expect("pool lock").busy.push(pid);
+        }
         Ok(PooledConn {
             conn: Some(conn),
             pool: self,
@@ -410,12 +482,36 @@ impl std::ops::DerefMut for PooledConn<'_> {
     }
 }
 
+impl Pool {
+    /// The server processes of the sessions handed out now.
+    pub(crate) fn busy_pids(&self) -> Vec<i32> {
+        self.state.lock().expect("pool lock").busy.clone()
+    }
+
+    fn put_back(&self, conn: Conn) {
+        let mut state = self.state.lock().expect("pool lock");
+        if let Some(at) = conn
+            .pid
+            .and_then(|p| state.busy.iter().position(|b| *b == p))
+        {
+            state.busy.swap_remove(at);
+        }
+        if conn.unusable.load(Ordering::Relaxed) {
+            self.generation
+                .fetch_max(conn.generation + 1, Ordering::Relaxed);
+            state.idle.clear();
+        } else if !conn.client.is_closed()
+            && conn.generation == self.generation.load(Ordering::Relaxed)
+        {
+            state.idle.push(conn);
+        }
+    }
+}
+
 impl Drop for PooledConn<'_> {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
-            if !conn.client.is_closed() {
-                self.pool.idle.lock().expect("pool lock").push(conn);
-            }
+            self.pool.put_back(conn);
         }
     }
 }

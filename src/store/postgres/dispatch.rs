@@ -206,13 +206,7 @@ impl PgStore {
         failure: &Failure,
         error: &str,
     ) -> Result<FailOutcome> {
-        let (reject, delay, max_attempts) = match failure {
-            Failure::Reject => (true, 0.0, i32::MAX),
-            Failure::Retry {
-                delay,
-                max_attempts,
-            } => (false, ms(*delay), *max_attempts),
-        };
+        let (charged, max_attempts, reject, delay) = failure.terms();
         let mut conn = self.pool.get().await?;
         let rows = conn
             .query(
@@ -223,9 +217,10 @@ impl PgStore {
                     &token.epoch,
                     &token.claims,
                     &reject,
-                    &delay,
+                    &ms(delay),
                     &error,
                     &max_attempts,
+                    &charged,
                 ],
             )
             .await
@@ -237,10 +232,15 @@ impl PgStore {
         })
     }
 
-    pub(super) async fn renew_impl(&self, owner: &str, lease: std::time::Duration) -> Result<u64> {
+    pub(super) async fn renew_impl(
+        &self,
+        owner: &str,
+        lease: std::time::Duration,
+        running: &[String],
+    ) -> Result<u64> {
         let mut conn = self.pool.get().await?;
         let rows = conn
-            .query(&self.sql.renew, &[&owner, &ms(lease)])
+            .query(&self.sql.renew, &[&owner, &ms(lease), &running])
             .await
             .map_err(db("could not renew lane leases"))?;
         Ok(rows.len() as u64)
@@ -338,9 +338,13 @@ mod tests {
             (
                 "fail",
                 &sql.fail,
-                "'d0000002h1', 7, 1, 0, false, 1000, 'boom', 25".to_owned(),
+                "'d0000002h1', 7, 1, 0, false, 1000, 'boom', 25, 1".to_owned(),
             ),
-            ("renew", &sql.renew, "'w1', 30000".to_owned()),
+            (
+                "renew",
+                &sql.renew,
+                "'w1', 30000, ARRAY['d0000002h1']".to_owned(),
+            ),
             ("release", &sql.release, format!("'w1', {tokens}")),
             ("due", &sql.due_exists, "ARRAY['h1']".to_owned()),
             ("publish unkeyed", &sql.publish, publish("n1", "NULL")),

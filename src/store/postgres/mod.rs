@@ -139,8 +139,12 @@ impl Store for PgStore {
         self.fail_impl(token, failure, error).await
     }
 
-    async fn renew(&self, owner: &str, lease: Duration) -> Result<u64> {
-        self.renew_impl(owner, lease).await
+    async fn blockers(&self) -> Result<Vec<BlockingSession>> {
+        self.blockers_impl().await
+    }
+
+    async fn renew(&self, owner: &str, lease: Duration, running: &[String]) -> Result<u64> {
+        self.renew_impl(owner, lease, running).await
     }
 
     async fn release(&self, owner: &str, aborted: &[LeaseToken]) -> Result<u64> {

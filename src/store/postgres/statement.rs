@@ -6,8 +6,11 @@ use std::time::Duration;
 
 use tokio_postgres::types::{Json, ToSql, Type};
 
-use super::conn::{db, describe};
+use tokio_postgres::Client;
+
+use super::conn::{db, describe, session_unusable};
 use super::dispatch::{token_arrays, tuple_ids};
+use super::sql::Sql;
 use super::PgStore;
 use crate::store::{ClaimedDelivery, Result, StatementOutcome, StoreError};
 
@@ -49,56 +52,79 @@ impl PgStore {
         } else {
             &self.sql.complete
         };
-        let t = &d.token;
         let mut conn = self.pool.get().await?;
-        // Dropped before its commit (an error, a lost lease, a worker stopping), the transaction
-        // rolls back.
-        let tx = conn
-            .client
-            .transaction()
-            .await
-            .map_err(db("could not begin the handler's transaction"))?;
-        tx.batch_execute(&format!(
-            "SET LOCAL statement_timeout = {}",
-            timeout.as_millis().max(1)
-        ))
-        .await
-        .map_err(db("could not set the handler's timeout"))?;
-        let tokens = std::slice::from_ref(t);
-        let (ids, lanes, epochs, claims) = token_arrays(tokens);
-        let located = tuple_ids(tokens);
-        let completed = tx
-            .query_typed(
-                &complete.text,
-                &complete.typed(&[&ids, &lanes, &epochs, &claims, &located]),
-            )
-            .await
-            .map_err(db("could not complete the delivery"))?;
-        if completed.is_empty() {
-            return Ok(StatementOutcome::LeaseLost);
+        let ran = run_in_transaction(&mut conn.client, complete, d, statement, timeout).await;
+        if let Err((_, e)) | Ok(Some(Err(e))) = &ran {
+            conn.note(e);
         }
-        let attempt = d.attempts + 1;
-        let values: [&(dyn ToSql + Sync); 7] = [
-            &d.event_id,
-            &Json(&d.payload),
-            &d.key,
-            &d.event_type,
-            &Json(&d.headers),
-            &t.delivery_id,
-            &attempt,
-        ];
-        let params: Vec<_> = values.into_iter().zip(PARAMS).collect();
-        // The database's verdict on the statement (a constraint, a timeout, a deadlock; at
-        // commit, a deferred constraint) fails the attempt; no answer at all is an error the
-        // caller retries.
-        let verdict = match tx.execute_typed(statement, &params).await {
-            Ok(_) => tx.commit().await,
-            Err(e) => Err(e),
-        };
-        match verdict {
-            Ok(()) => Ok(StatementOutcome::Completed),
-            Err(e) if e.as_db_error().is_some() => Ok(StatementOutcome::Failed(describe(&e))),
-            Err(e) => Err(db("could not run the handler's statement")(e)),
+        match ran {
+            Err((context, e)) => Err(db(context)(e)),
+            Ok(None) => Ok(StatementOutcome::LeaseLost),
+            Ok(Some(Ok(()))) => Ok(StatementOutcome::Completed),
+            // The database's verdict on the statement (a constraint, a timeout, a deadlock; at
+            // commit, a deferred constraint) fails the attempt. No answer at all, or a session
+            // that cannot run anything (read-only, shutting down), is an error the caller
+            // retries: the statement was not to blame.
+            Ok(Some(Err(e))) if e.as_db_error().is_some() && !session_unusable(&e) => {
+                Ok(StatementOutcome::Failed(describe(&e)))
+            }
+            Ok(Some(Err(e))) => Err(db("could not run the handler's statement")(e)),
         }
     }
+}
+
+/// The fenced delete, then the statement, in one transaction: None when the lease was lost,
+/// else the statement's verdict and the commit's. An error before the statement ran comes with
+/// what was being done.
+async fn run_in_transaction(
+    client: &mut Client,
+    complete: &Sql,
+    d: &ClaimedDelivery,
+    statement: &str,
+    timeout: Duration,
+) -> std::result::Result<
+    Option<std::result::Result<(), tokio_postgres::Error>>,
+    (&'static str, tokio_postgres::Error),
+> {
+    // Dropped before its commit (an error, a lost lease, a worker stopping), the transaction
+    // rolls back.
+    let tx = client
+        .transaction()
+        .await
+        .map_err(|e| ("could not begin the handler's transaction", e))?;
+    tx.batch_execute(&format!(
+        "SET LOCAL statement_timeout = {}",
+        timeout.as_millis().max(1)
+    ))
+    .await
+    .map_err(|e| ("could not set the handler's timeout", e))?;
+    let t = &d.token;
+    let tokens = std::slice::from_ref(t);
+    let (ids, lanes, epochs, claims) = token_arrays(tokens);
+    let located = tuple_ids(tokens);
+    let completed = tx
+        .query_typed(
+            &complete.text,
+            &complete.typed(&[&ids, &lanes, &epochs, &claims, &located]),
+        )
+        .await
+        .map_err(|e| ("could not complete the delivery", e))?;
+    if completed.is_empty() {
+        return Ok(None);
+    }
+    let attempt = d.attempts + 1;
+    let values: [&(dyn ToSql + Sync); 7] = [
+        &d.event_id,
+        &Json(&d.payload),
+        &d.key,
+        &d.event_type,
+        &Json(&d.headers),
+        &t.delivery_id,
+        &attempt,
+    ];
+    let params: Vec<_> = values.into_iter().zip(PARAMS).collect();
+    Ok(Some(match tx.execute_typed(statement, &params).await {
+        Ok(_) => tx.commit().await,
+        Err(e) => Err(e),
+    }))
 }

@@ -4,7 +4,7 @@
 use super::super::conn::{db, driver_error};
 use super::super::PgStore;
 use crate::store::lane::fnv1a_32;
-use crate::store::{Namespace, Result, StoreError};
+use crate::store::{BlockingSession, Namespace, Result, StoreError};
 
 /// The advisory lock that serialises `setup`, `upgrade` and a rendered script in one schema.
 /// Per schema, not per prefix, because `CREATE SCHEMA IF NOT EXISTS` races across prefixes.
@@ -27,13 +27,17 @@ impl PgStore {
         }
         let timeout = humantime::format_duration(self.lock_timeout).to_string();
         let blockers = match self.blocking_sessions().await {
-            Ok(b) if !b.is_empty() => b,
+            Ok(b) if !b.is_empty() => b
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
             _ => "another session".into(),
         };
         StoreError::LockTimeout { timeout, blockers }
     }
 
-    async fn blocking_sessions(&self) -> Result<String> {
+    async fn blocking_sessions(&self) -> Result<Vec<BlockingSession>> {
         let conn = self.pool.get().await?;
         let key = setup_lock_key(&self.ns) as u64;
         let rows = conn
@@ -47,18 +51,34 @@ impl PgStore {
             )
             .await
             .map_err(db("could not list the blocking sessions"))?;
-        Ok(rows
-            .iter()
-            .map(|r| {
-                let pid: i32 = r.get(0);
-                let user: String = r.get(1);
-                let app: String = r.get(2);
-                let state: String = r.get(3);
-                let age: String = r.get(4);
-                let query: String = r.get(5);
-                format!("pid {pid} (user {user}, application `{app}`, {state} for {age}, last statement `{query}`)")
-            })
-            .collect::<Vec<_>>()
-            .join(", "))
+        Ok(rows.iter().map(blocking_session).collect())
+    }
+
+    /// The sessions that block the pool's sessions now handed out, asked on a connection of
+    /// its own (the pool may have none left).
+    pub(in crate::store::postgres) async fn blockers_impl(&self) -> Result<Vec<BlockingSession>> {
+        let busy = self.pool.busy_pids();
+        if busy.is_empty() {
+            return Ok(vec![]);
+        }
+        let client = self.pool.options().connect().await?;
+        let sql = &self.sql.blockers;
+        let rows = client
+            .query_typed(&sql.text, &sql.typed(&[&busy]))
+            .await
+            .map_err(db("could not list the blocking sessions"))?;
+        Ok(rows.iter().map(blocking_session).collect())
+    }
+}
+
+/// A row of `schema/blocking_sessions.sql` or `delivery/blockers.sql`.
+fn blocking_session(r: &tokio_postgres::Row) -> BlockingSession {
+    BlockingSession {
+        pid: r.get(0),
+        user: r.get(1),
+        application: r.get(2),
+        state: r.get(3),
+        age: r.get(4),
+        query: r.get(5),
     }
 }
