@@ -160,11 +160,32 @@ impl Connection {
     pub(super) async fn transaction<T>(
         &self,
         context: &str,
+        body: impl for<'s> AsyncFnMut(&'s mut ClientSession) -> mongodb::error::Result<T>,
+    ) -> Result<T> {
+        self.transaction_within(context, TRANSIENT_RETRY, body)
+            .await
+    }
+
+    /// Runs `body` in a transaction once: a transient error is returned at once, for work that
+    /// is better tried again later than waited for (a best-effort write, or one that conflicts
+    /// with a dead client's transaction).
+    pub(super) async fn transaction_once<T>(
+        &self,
+        context: &str,
+        body: impl for<'s> AsyncFnMut(&'s mut ClientSession) -> mongodb::error::Result<T>,
+    ) -> Result<T> {
+        self.transaction_within(context, Duration::ZERO, body).await
+    }
+
+    async fn transaction_within<T>(
+        &self,
+        context: &str,
+        retry_for: Duration,
         mut body: impl for<'s> AsyncFnMut(&'s mut ClientSession) -> mongodb::error::Result<T>,
     ) -> Result<T> {
         let client = self.client().await?;
         let mut session = client.start_session().await.map_err(self.error(context))?;
-        let deadline = Instant::now() + TRANSIENT_RETRY;
+        let deadline = Instant::now() + retry_for;
         let mut pause = Duration::from_millis(5);
         loop {
             match attempt(&mut session, &mut body, deadline).await {

@@ -12,6 +12,8 @@
 
 use std::collections::{HashMap, HashSet};
 
+use std::time::Duration;
+
 use mongodb::bson::{doc, Bson, DateTime, Document};
 use mongodb::Collection;
 
@@ -19,6 +21,7 @@ use super::conn::transient;
 use super::keys::{held_back, release_keys};
 use super::model::{after, all, all_in, candidate_fields, chrono, Candidate, Lane};
 use super::{MongoStore, COMPLETIONS, DELIVERIES, EVENTS, LANES, READY};
+use crate::backoff::Backoff;
 use crate::store::mongo::json;
 use crate::store::{
     ClaimRequest, ClaimStats, ClaimedDelivery, FailOutcome, Failure, LeaseToken, Result,
@@ -29,6 +32,9 @@ use crate::store::{
 const SLACK: i64 = 100;
 /// Due deliveries a search for free lanes with work reads at most.
 const PROBE: i64 = 256;
+/// How long a lane whose charge conflicted with another transaction waits before it is tried
+/// again, by the number of conflicts in a row: a dead client's transaction lasts up to a minute.
+const CHARGE_RETRY: Backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(5));
 
 /// Losses a takeover recorded and has not charged yet.
 #[derive(Clone)]
@@ -414,25 +420,49 @@ impl MongoStore {
     }
 
     /// Charges one attempt to each delivery a takeover lost (burying it at its handler's last
-    /// attempt) and clears the lane's `lost`: lane by lane, each in a transaction of its own.
-    /// A dead worker's transaction that wrote those deliveries conflicts with the charge until
-    /// the server ends it (`transactionLifetimeLimitSeconds`); such a lane keeps its losses for
-    /// a later claim, and its deliveries are not handed out meanwhile, while the other lanes go
-    /// on. Returns how many deliveries were charged, and the lanes whose losses are settled.
+    /// attempt) and clears the lane's `lost`: lane by lane, each in a transaction of its own,
+    /// tried once. A dead worker's transaction that wrote those deliveries conflicts with the
+    /// charge until the server ends it (`transactionLifetimeLimitSeconds`, 60 s); such a lane
+    /// keeps its losses, which are not handed out meanwhile, and is tried again by a later claim
+    /// after a back-off (`CHARGE_RETRY`), while the other lanes go on. One dead transaction may
+    /// span every lane, so no claim waits on any of them. Returns how many deliveries were
+    /// charged, and the lanes whose losses are settled.
     async fn charge(&self, unpaid: &[Unpaid], req: &ClaimRequest) -> Result<(i64, Vec<i32>)> {
         let (mut charged, mut paid) = (0, vec![]);
         for u in unpaid {
+            let now = std::time::Instant::now();
+            let later = self
+                .charge_later
+                .lock()
+                .expect("charge lock")
+                .get(&u.lane)
+                .copied();
+            if later.is_some_and(|(at, _)| at > now) {
+                continue;
+            }
             match self.charge_lane(u, req).await {
                 Ok(n) => {
                     charged += n;
                     paid.push(u.lane);
+                    self.charge_later
+                        .lock()
+                        .expect("charge lock")
+                        .remove(&u.lane);
                 }
-                Err(e) if transient(&e) => tracing::debug!(
-                    lane = u.lane,
-                    error = %format!("{e:#}"),
-                    "the deliveries of a taken-over lane are still written by another \
-                     transaction; charging them at a later claim"
-                ),
+                Err(e) if transient(&e) => {
+                    let tries = later.map_or(1, |(_, n)| n + 1);
+                    let at = now + CHARGE_RETRY.delay(tries);
+                    self.charge_later
+                        .lock()
+                        .expect("charge lock")
+                        .insert(u.lane, (at, tries));
+                    tracing::debug!(
+                        lane = u.lane,
+                        error = %format!("{e:#}"),
+                        "the deliveries of a taken-over lane are still written by another \
+                         transaction; charging them at a later claim"
+                    );
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -457,7 +487,7 @@ impl MongoStore {
             u.lane
         );
         self.conn
-            .transaction(
+            .transaction_once(
                 "could not charge the deliveries of a taken-over lane",
                 async move |s| {
                     let cursor = deliveries
@@ -985,6 +1015,11 @@ pub(super) mod tests {
             .claim(&request("w2", Duration::from_secs(30)))
             .await
             .unwrap();
+        // e2 runs on while e1's lane waits for its charge.
+        let running = ClaimRequest {
+            outstanding: first.iter().map(|d| d.token.delivery_id.clone()).collect(),
+            ..request("w2", Duration::from_secs(30))
+        };
         let first: Vec<_> = first
             .iter()
             .map(|d| (d.event_id.clone(), d.attempts))
@@ -994,10 +1029,7 @@ pub(super) mod tests {
         let _ = dying.await;
         let mut settled = None;
         for _ in 0..50 {
-            let (again, stats) = next
-                .claim(&request("w2", Duration::from_secs(30)))
-                .await
-                .unwrap();
+            let (again, stats) = next.claim(&running).await.unwrap();
             if !again.is_empty() {
                 settled = Some((stats.charged, again[0].event_id.clone(), again[0].attempts));
                 break;

@@ -108,7 +108,7 @@ impl MongoStore {
         let blocked = blocked.to_vec();
         let _ = self
             .conn
-            .transaction("could not park followers", async move |s| {
+            .transaction_once("could not park followers", async move |s| {
                 let mut heads: Vec<&str> = blocked.iter().map(|(_, h)| h.as_str()).collect();
                 heads.sort_unstable();
                 heads.dedup();

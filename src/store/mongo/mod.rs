@@ -44,6 +44,9 @@ pub(crate) struct MongoStore {
     /// This store instance, recorded on the lanes it holds: a restarted process that reuses its
     /// owner name never adopts the live lanes of its dead predecessor.
     holder: String,
+    /// Lanes whose losses could not be charged (a dead client's transaction still writes them):
+    /// when to try again, and how many tries conflicted in a row.
+    charge_later: std::sync::Mutex<std::collections::HashMap<i32, (std::time::Instant, u32)>>,
     /// What `bench` has counted of the oplog so far.
     tally: std::sync::Mutex<bench::Tally>,
     /// Tests hold the next completion between its reads and its writes.
@@ -57,6 +60,7 @@ impl MongoStore {
         Ok(Self {
             conn: std::sync::Arc::new(Connection::new(url, ns.schema(), &options)?),
             holder: uuid::Uuid::now_v7().to_string(),
+            charge_later: std::sync::Mutex::default(),
             tally: std::sync::Mutex::default(),
             #[cfg(test)]
             completion_pause: std::sync::Mutex::new(None),
