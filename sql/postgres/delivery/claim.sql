@@ -37,17 +37,19 @@ WITH ours AS (
   -- batch may still be recorded in them). A lane qualifies with due work for these handlers
   -- (the probe follows the due index's order), or when its lease expired with deliveries in
   -- flight: a dead worker's lane is taken over, and its deliveries charged, whatever is due.
+  -- Each test is a scalar subquery, so that the probe stops at the limit: as a join, the
+  -- planner sorts and reads every lane.
   SELECT c.lane FROM (SELECT ($11 + $10 * ((g + $8) % (256 / $10)))::int2 AS lane
                         FROM generate_series(0, 256 / $10 - 1) g) c
-  CROSS JOIN LATERAL (
-    SELECT l.lease_expires_at <= now() AND cardinality(l.in_flight) > 0 AS abandoned
-      FROM "{{schema}}"."{{prefix}}lanes" l
-     WHERE l.lane = c.lane AND (l.lease_owner IS NULL OR l.lease_expires_at <= now())) f
    WHERE c.lane NOT IN (SELECT lane FROM ours)
-     AND (f.abandoned
-          OR (SELECT true FROM "{{schema}}"."{{prefix}}deliveries" d
-               WHERE d.lane = c.lane AND d.status = 'pending' AND d.available_at <= now()
-                 AND d.handler = ANY ($3) ORDER BY d.available_at LIMIT 1))
+     AND (SELECT true FROM "{{schema}}"."{{prefix}}lanes" l
+           WHERE l.lane = c.lane AND (l.lease_owner IS NULL OR l.lease_expires_at <= now()))
+     AND ((SELECT true FROM "{{schema}}"."{{prefix}}deliveries" d
+            WHERE d.lane = c.lane AND d.status = 'pending' AND d.available_at <= now()
+              AND d.handler = ANY ($3) ORDER BY d.available_at LIMIT 1)
+          OR (SELECT true FROM "{{schema}}"."{{prefix}}lanes" l
+               WHERE l.lane = c.lane AND l.lease_expires_at <= now()
+                 AND cardinality(l.in_flight) > 0))
    LIMIT greatest($5, (SELECT ceil(($4 - coalesce(sum(room), 0)) / $9::numeric) FROM ours))
 ), taken AS (
   -- The candidates, locked unless another claimer has them, and still free (a lane this
