@@ -29,7 +29,7 @@ complete -c relaybus -n "__fish_relaybus_needs_command" -l schema -d 'Schema tha
 complete -c relaybus -n "__fish_relaybus_needs_command" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_needs_command" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_needs_command" -l json -d 'Print results as JSON for scripts (stable field names)'
-complete -c relaybus -n "__fish_relaybus_needs_command" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_needs_command" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_needs_command" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "setup" -d 'Install the store, or bring it to the current schema in place'
@@ -53,7 +53,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l prefix -d 'P
 complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l check -d 'Only check the installed version; change nothing'
 complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l json -d 'Print results as JSON for scripts (stable field names)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
@@ -65,7 +65,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l show-sql -
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -s y -l yes -d 'Do not ask for confirmation'
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l force -d 'Convert even while 0.1 deliveries hold unexpired leases (their workers must be stopped)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l json -d 'Print results as JSON for scripts (stable field names)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
@@ -73,7 +73,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l schema
 complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l json -d 'Print results as JSON for scripts (stable field names)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand completions" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l from -d 'Render the conversion from this installed version instead of a fresh install' -r -f -a "0.1\t''"
@@ -82,7 +82,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l lock-ti
 complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
-complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand schema-sql" -s V -l version -d 'Print version'
@@ -99,7 +99,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l database-u
 complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l json -d 'Print results as JSON for scripts (stable field names)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand publish" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l handler -d 'Handler name (with --exec, --webhook, --sql or --noop)' -r
@@ -134,7 +134,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l drain -d 'Exit
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l completion-history -d 'Keep an append-only history of completions (one insert per completion)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -s v -l verbose -d 'More log detail: -v relaybus\'s debug events, -vv everything\'s. RELAYBUS_LOG, a tracing filter (`warn`, `relaybus=debug`), overrides it'
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l json -d 'Print results as JSON for scripts (stable field names)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand run" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand run" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
@@ -142,7 +142,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l json -d 'Print results as JSON for scripts (stable field names)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -s h -l help -d 'Print help'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and not __fish_seen_subcommand_from list show help" -f -a "list" -d 'List deliveries in creation order (completed ones newest first)'
@@ -164,7 +164,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l wide -d 'Whole ids and every column, however wide the terminal'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l json -d 'Print results as JSON for scripts (stable field names)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from list" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
@@ -172,7 +172,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l json -d 'Print results as JSON for scripts (stable field names)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -s h -l help -d 'Print help'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from show" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand deliveries; and __fish_seen_subcommand_from help" -f -a "list" -d 'List deliveries in creation order (completed ones newest first)'
@@ -183,7 +183,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -l json -d 'Print results as JSON for scripts (stable field names)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -s h -l help -d 'Print help'
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and not __fish_seen_subcommand_from show help" -f -a "show" -d 'Show one event: its payload, every handler it ever had, and its remaining deliveries'
@@ -193,7 +193,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_see
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -l json -d 'Print results as JSON for scripts (stable field names)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -s h -l help -d 'Print help'
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from show" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand events; and __fish_seen_subcommand_from help" -f -a "show" -d 'Show one event: its payload, every handler it ever had, and its remaining deliveries'
@@ -203,7 +203,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_s
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -l json -d 'Print results as JSON for scripts (stable field names)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -s h -l help -d 'Print help'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and not __fish_seen_subcommand_from list requeue help" -f -a "list" -d 'List dead deliveries with their last error'
@@ -218,7 +218,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l wide -d 'Whole ids and every column, however wide the terminal'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l json -d 'Print results as JSON for scripts (stable field names)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -s h -l help -d 'Print help'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from list" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l id -d 'Delivery id (repeatable)' -r
@@ -233,7 +233,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l dry-run -d 'Only count what would be requeued'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -s y -l yes -d 'Do not ask for confirmation'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l json -d 'Print results as JSON for scripts (stable field names)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from requeue" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand dead; and __fish_seen_subcommand_from help" -f -a "list" -d 'List dead deliveries with their last error'
@@ -249,7 +249,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l prefix -d 'P
 complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l dry-run -d 'Only count what would be deleted'
 complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -s y -l yes -d 'Do not ask for confirmation'
 complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l json -d 'Print results as JSON for scripts (stable field names)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand purge" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
@@ -258,7 +258,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l schema -d 'S
 complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l all -d 'Show every lane'
 complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l json -d 'Print results as JSON for scripts (stable field names)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand lanes" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
@@ -266,7 +266,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l database-url
 complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l json -d 'Print results as JSON for scripts (stable field names)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -s h -l help -d 'Print help'
 complete -c relaybus -n "__fish_relaybus_using_subcommand stats" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand doctor" -l lock-timeout -d 'How long a schema change waits for a lock before it fails, names the blocking session and changes nothing' -r
@@ -275,7 +275,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand doctor" -l schema -d '
 complete -c relaybus -n "__fish_relaybus_using_subcommand doctor" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand doctor" -l fix-sql -d 'Print only the statements that repair the drift found (SQL, or mongosh on MongoDB)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand doctor" -l json -d 'Print results as JSON for scripts (stable field names)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand doctor" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand doctor" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand doctor" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand doctor" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l cell -d 'Only these cells (repeatable); see --list' -r
@@ -293,7 +293,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l list -d 'Lis
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l no-floor -d 'Skip the raw-SQL floor runs'
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -s y -l yes -d 'Run even when the server holds relaybus stores with deliveries in them'
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l json -d 'Print results as JSON for scripts (stable field names)'
-complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l no-prepared-statements -d 'Send every statement unnamed, for poolers that cannot keep prepared statements (PgBouncer before 1.21 in transaction mode)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup upgrade completions schema-sql publish run deliveries events dead purge lanes stats doctor bench help" -f -a "setup" -d 'Install the store, or bring it to the current schema in place'

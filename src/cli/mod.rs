@@ -89,8 +89,8 @@ pub struct GlobalArgs {
     #[arg(long, global = true)]
     pub json: bool,
 
-    /// Send every statement unnamed, for poolers that cannot keep prepared statements
-    /// (PgBouncer before 1.21 in transaction mode).
+    /// Send every statement unnamed, as relaybus does on its own when it finds a transaction
+    /// pooler (PgBouncer in transaction mode) between it and the server.
     #[arg(long, global = true)]
     pub no_prepared_statements: bool,
 

@@ -252,6 +252,8 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<E
     crate::handler::raise_open_files_limit()
         .context("could not raise the limit of open files to its hard limit")?;
     let handlers = config::build(handler_configs(&args)?)?;
+    // Before the store opens: its first connection may have something to say.
+    let status = logs::start(args.log_format, args.verbose)?;
     let store = Arc::new(g.open(StoreOptions::worker(args.pool_size as usize))?);
     store.require_current().await?;
     // A statement that cannot run stops the worker now, not each delivery 25 times.
@@ -263,7 +265,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<E
                 .with_context(|| format!("handler `{}`", spec.name))?;
         }
     }
-    let reporter = match logs::start(args.log_format, args.verbose)? {
+    let reporter = match status {
         Some(status) => Reporter::new().with_status_line(status),
         None => Reporter::new(),
     };
@@ -305,7 +307,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<E
     };
     let summary = Dispatcher::new(Arc::clone(&store), options, handlers, reporter)
         .run(rx.clone())
-        .await?;
+        .await;
     // A drain ends when nothing is due; retries due later are left, and said so.
     let scheduled = if args.drain {
         let stats = store.stats().await?;

@@ -25,8 +25,7 @@ use tokio::time::Instant;
 use crate::backoff::{Backoff, Retries};
 use crate::handler::Handler;
 use crate::store::{
-    ClaimRequest, ClaimStats, ClaimedDelivery, LaneShare, LeaseToken, Result, Store, StoreError,
-    WakeUp,
+    ClaimRequest, ClaimStats, ClaimedDelivery, LaneShare, LeaseToken, Store, WakeUp,
 };
 use complete::{Completer, Recorder, Running};
 pub use options::{worker_name, DispatchOptions, RetryPolicy};
@@ -187,8 +186,6 @@ struct Claimer {
     keys_held: bool,
     /// This stream's deliveries whose handler has not ended.
     running: Arc<Running>,
-    /// The error that stopped claiming, when no retry could cure it.
-    fatal: Option<StoreError>,
     /// The lanes this stream holds, as its last claim reported them: the next claim reads only
     /// those of its own. Unknown at first and after a failed claim.
     held: Option<Vec<i16>>,
@@ -256,7 +253,6 @@ impl<S: Store> Dispatcher<S> {
                 found_work_at: None,
                 keys_held: false,
                 running: Arc::default(),
-                fatal: None,
                 held: None,
             })
             .collect();
@@ -296,7 +292,7 @@ impl<S: Store> Dispatcher<S> {
     /// Claims and runs deliveries until `shutdown` says stop, then stops as it says. A claim
     /// error no retry can cure stops every stream the same way, and is returned once the
     /// worker has stopped.
-    pub async fn run(mut self, mut shutdown: watch::Receiver<Shutdown>) -> Result<Summary> {
+    pub async fn run(mut self, shutdown: watch::Receiver<Shutdown>) -> Summary {
         let options = &self.shared.options;
         tracing::info!(
             worker = %options.owner,
@@ -306,32 +302,14 @@ impl<S: Store> Dispatcher<S> {
             claim_streams = self.claimers.len(),
             "worker started"
         );
-        // The streams follow `shutdown`, and one that cannot go on stops the others as a signal
-        // would.
-        let (halt, halted) = watch::channel(*shutdown.borrow());
-        let forward = {
-            let halt = halt.clone();
-            tokio::spawn(async move {
-                loop {
-                    next_signal(&mut shutdown).await;
-                    let _ = halt.send(*shutdown.borrow());
-                }
-            })
-        };
         let shared = &self.shared;
         futures_util::future::join_all(
             self.claimers
                 .iter_mut()
-                .map(|c| c.run(shared, halted.clone(), &halt)),
+                .map(|c| c.run(shared, shutdown.clone())),
         )
         .await;
-        let fatal = self.claimers.iter_mut().find_map(|c| c.fatal.take());
-        let summary = self.stop(halted).await;
-        forward.abort();
-        match fatal {
-            Some(e) => Err(e),
-            None => Ok(summary),
-        }
+        self.stop(shutdown).await
     }
 
     /// Stops claiming, lets running handlers finish within the grace period (none with a
@@ -413,13 +391,8 @@ impl<S: Store> Dispatcher<S> {
 
 impl Claimer {
     /// Claims and starts deliveries until `shutdown` says stop (or, with `drain`, until no due
-    /// work is left). A claim error no retry can cure halts every stream.
-    async fn run<S: Store>(
-        &mut self,
-        shared: &Shared<S>,
-        mut shutdown: watch::Receiver<Shutdown>,
-        halt: &watch::Sender<Shutdown>,
-    ) {
+    /// work is left).
+    async fn run<S: Store>(&mut self, shared: &Shared<S>, mut shutdown: watch::Receiver<Shutdown>) {
         while *shutdown.borrow() == Shutdown::Running {
             while self.tasks.try_join_next().is_some() {}
             let Some(want) = self.ready(shared, &mut shutdown).await else {
@@ -427,9 +400,6 @@ impl Claimer {
             };
             let searched = self.new_lanes > 0;
             let Some((claimed, stats)) = self.claim(shared, want, &mut shutdown).await else {
-                if self.fatal.is_some() {
-                    let _ = halt.send(Shutdown::Graceful);
-                }
                 continue;
             };
             let got = claimed.len();
@@ -534,12 +504,6 @@ impl Claimer {
                 self.claim_retries.reset();
                 self.held = claimed.1.held.take();
                 Some(claimed)
-            }
-            Err(e) if e.stops_worker() => {
-                metrics.claim_failed();
-                tracing::error!(error = %format!("{e:#}"), "claims cannot succeed; stopping");
-                self.fatal = Some(e);
-                None
             }
             Err(e) => {
                 metrics.claim_failed();

@@ -72,9 +72,6 @@ pub enum StoreError {
     #[error("objects of relaybus's names that are not relaybus's are in the way: {found}; choose another --schema or --prefix, or move them; nothing was changed")]
     ForeignObjects { found: String },
 
-    #[error("{context}: {detail}; the connection goes through a transaction pooler (PgBouncer in transaction mode, for one) that shares prepared statements between its clients: run with --no-prepared-statements, or use PgBouncer 1.21 or later with max_prepared_statements set")]
-    PooledStatements { context: String, detail: String },
-
     #[error("the statement does not run on this database: {detail}; its parameters are $1 event id (text), $2 payload (jsonb), $3 key (text), $4 type (text), $5 headers (jsonb), $6 delivery id (text), $7 attempt (int4)")]
     InvalidStatement { detail: String },
 
@@ -89,11 +86,4 @@ pub enum StoreError {
 
     #[error("event `{id}` {why}; nothing of its batch was written")]
     ConflictingEvent { id: String, why: &'static str },
-}
-
-impl StoreError {
-    /// An error no retry can cure, after which a worker stops instead of retrying.
-    pub fn stops_worker(&self) -> bool {
-        matches!(self, StoreError::PooledStatements { .. })
-    }
 }

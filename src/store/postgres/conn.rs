@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -16,7 +16,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{
-    AsyncMessage, Client, Config, Connection, Row, SimpleQueryMessage, Socket, Statement,
+    AsyncMessage, Client, Config, Connection, Row, RowStream, SimpleQueryMessage, Socket, Statement,
 };
 use tokio_postgres_rustls::MakeRustlsConnect;
 
@@ -182,16 +182,10 @@ pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
 /// Wraps a driver error with what was being done.
 pub(crate) fn db(context: impl Into<String>) -> impl FnOnce(tokio_postgres::Error) -> StoreError {
     let context = context.into();
-    move |cause| {
-        let detail = describe(&cause);
-        if statement_shared(&cause) {
-            return StoreError::PooledStatements { context, detail };
-        }
-        StoreError::Database {
-            context,
-            detail,
-            cause: Box::new(cause),
-        }
+    move |cause| StoreError::Database {
+        context,
+        detail: describe(&cause),
+        cause: Box::new(cause),
     }
 }
 
@@ -215,17 +209,18 @@ pub(crate) fn session_unusable(e: &tokio_postgres::Error) -> bool {
         .contains(&code)
 }
 
-/// The errors of named statements that another client's session prepared or removed: what a
-/// transaction pooler gives when it runs one client's transactions on several server sessions.
-fn statement_shared(e: &tokio_postgres::Error) -> bool {
-    let Some(db) = e.as_db_error() else {
-        return false;
-    };
-    let code = db.code();
-    *code == SqlState::INVALID_SQL_STATEMENT_NAME
-        || *code == SqlState::DUPLICATE_PSTATEMENT
-        || (*code == SqlState::PROTOCOL_VIOLATION
-            && db.message().starts_with("bind message supplies"))
+/// The errors of a prepared statement that a transaction pooler gives: missing from the server
+/// session a transaction was given (prepared in another, or reset away), already there (another
+/// process prepared one of that name in that session), or of another shape. None of them ran
+/// the statement.
+fn pooled_session(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        let code = db.code();
+        *code == SqlState::INVALID_SQL_STATEMENT_NAME
+            || *code == SqlState::DUPLICATE_PSTATEMENT
+            || (*code == SqlState::PROTOCOL_VIOLATION
+                && db.message().starts_with("bind message supplies"))
+    })
 }
 
 /// The driver error behind a store error, if any.
@@ -238,36 +233,58 @@ pub(crate) fn driver_error(e: &StoreError) -> Option<&tokio_postgres::Error> {
     }
 }
 
-/// What a session does with statements, decided per store.
-#[derive(Clone, Copy, Debug)]
-struct Session {
-    prepared: bool,
-    /// Plan every statement once for every call (see the design note on the delivery path).
-    tuned: bool,
-}
+/// The statement that finds a transaction pooler when a connection opens: prepared in one round
+/// trip, run in the next, where a pooler may have given the connection another server session
+/// (or reset this one), or a session where others prepared statements. Its name carries a tag
+/// drawn once per process, so that another connection of this process that meets the same
+/// server session is refused it.
+static PROBE: LazyLock<String> =
+    LazyLock::new(|| format!("relaybus_probe_{:016x}", rand::random::<u64>()));
 
 /// The session settings of a tuned connection: one generic plan per statement, made without
 /// sequential scans and without JIT. Left to the server's defaults, a connection's first plan
 /// of a statement is often made on an empty store and would scan a table of millions, and a
-/// generic plan's estimate can pass `jit_above_cost` and compile on every call. In the same
-/// round trip, the session's process id, which a stalled worker looks up the blockers of.
-const TUNED_SESSION: &str = "SET plan_cache_mode = force_generic_plan; SET jit = off; \
-                             SET enable_seqscan = off; SELECT pg_backend_pid()";
+/// generic plan's estimate can pass `jit_above_cost` and compile on every call.
+const TUNED_SESSION: &str =
+    "SET plan_cache_mode = force_generic_plan; SET jit = off; SET enable_seqscan = off";
 
-/// Statements a store sent, and how many of them the server had to parse (a prepare, or an
-/// unnamed statement).
-#[derive(Debug, Default)]
-struct StatementCounts {
+/// What the connections of a pool share.
+#[derive(Debug)]
+struct Shared {
+    /// Statements sent, and how many of them the server had to parse and plan (a prepare, or
+    /// an unnamed statement).
     statements: AtomicU64,
     parses: AtomicU64,
+    /// Statements are prepared once per connection: on unless turned off, until a transaction
+    /// pooler shows itself.
+    prepared: AtomicBool,
+    /// Long-lived sessions with prepared statements are tuned (see the design note on the
+    /// delivery path).
+    long_lived: bool,
+}
+
+impl Shared {
+    fn prepared(&self) -> bool {
+        self.prepared.load(Ordering::Relaxed)
+    }
+
+    fn pooler_found(&self, why: &str) {
+        if self.prepared.swap(false, Ordering::Relaxed) {
+            tracing::warn!(
+                why,
+                "the connection goes through a transaction pooler, which shares server sessions \
+                 between clients: statements are sent unnamed from now on \
+                 (--no-prepared-statements starts that way)"
+            );
+        }
+    }
 }
 
 /// One server session and the statements it has prepared.
 pub(crate) struct Conn {
     pub(crate) client: Client,
-    session: Session,
+    shared: Arc<Shared>,
     prepared: HashMap<&'static str, Statement>,
-    counts: Arc<StatementCounts>,
     /// The server process serving it, when known (tuned sessions).
     pid: Option<i32>,
     /// The pool's generation when it was opened: an older one is closed on return.
@@ -278,27 +295,35 @@ pub(crate) struct Conn {
 
 pub(crate) type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
+/// Rows, and the count of rows the statement affected.
+type Outcome = (Vec<Row>, u64);
+
 impl Conn {
     async fn open(pool: &Pool) -> Result<Conn> {
         let opts = &pool.opts;
         let generation = pool.generation.load(Ordering::Relaxed);
         let client = opts.connect().await?;
         let mut pid = None;
-        if pool.session.tuned {
-            let replies = client
-                .simple_query(TUNED_SESSION)
+        if pool.shared.prepared() {
+            match probe(&client)
                 .await
-                .map_err(|cause| opts.connect_error(cause))?;
-            pid = replies.iter().find_map(|m| match m {
-                SimpleQueryMessage::Row(row) => row.get(0)?.parse().ok(),
-                _ => None,
-            });
+                .map_err(|cause| opts.connect_error(cause))?
+            {
+                Probe::Pooled(why) => pool.shared.pooler_found(&why),
+                Probe::Direct(found) if pool.shared.long_lived => {
+                    client
+                        .batch_execute(TUNED_SESSION)
+                        .await
+                        .map_err(|cause| opts.connect_error(cause))?;
+                    pid = Some(found);
+                }
+                Probe::Direct(_) => {}
+            }
         }
         Ok(Conn {
             client,
-            session: pool.session,
+            shared: Arc::clone(&pool.shared),
             prepared: HashMap::new(),
-            counts: Arc::clone(&pool.counts),
             pid,
             generation,
             unusable: AtomicBool::new(false),
@@ -330,17 +355,7 @@ impl Conn {
         sql: &Sql,
         params: Params<'_>,
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        self.counts.statements.fetch_add(1, Ordering::Relaxed);
-        let result = if self.session.prepared {
-            match self.statement(sql).await {
-                Ok(statement) => self.client.query(&statement, params).await,
-                Err(e) => Err(e),
-            }
-        } else {
-            self.counts.parses.fetch_add(1, Ordering::Relaxed);
-            self.client.query_typed(&sql.text, &sql.typed(params)).await
-        };
-        self.checked(result)
+        Ok(self.run(sql, params).await?.0)
     }
 
     /// Runs a statement of the delivery path for its row count.
@@ -349,19 +364,7 @@ impl Conn {
         sql: &Sql,
         params: Params<'_>,
     ) -> Result<u64, tokio_postgres::Error> {
-        self.counts.statements.fetch_add(1, Ordering::Relaxed);
-        let result = if self.session.prepared {
-            match self.statement(sql).await {
-                Ok(statement) => self.client.execute(&statement, params).await,
-                Err(e) => Err(e),
-            }
-        } else {
-            self.counts.parses.fetch_add(1, Ordering::Relaxed);
-            self.client
-                .execute_typed(&sql.text, &sql.typed(params))
-                .await
-        };
-        self.checked(result)
+        Ok(self.run(sql, params).await?.1)
     }
 
     /// Runs an operator's statement unnamed, so the server plans it for these values: a NULL
@@ -371,33 +374,113 @@ impl Conn {
         sql: &Sql,
         params: Params<'_>,
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
-        self.counts.statements.fetch_add(1, Ordering::Relaxed);
-        self.counts.parses.fetch_add(1, Ordering::Relaxed);
-        let result = self.client.query_typed(&sql.text, &sql.typed(params)).await;
+        self.shared.statements.fetch_add(1, Ordering::Relaxed);
+        self.shared.parses.fetch_add(1, Ordering::Relaxed);
+        let result = send(&self.client, sql, params).await;
+        Ok(self.checked(result)?.0)
+    }
+
+    /// A statement that meets a transaction pooler is not run: it was missing, or its PREPARE
+    /// was refused. It is sent again unnamed, as every later one.
+    async fn run(
+        &mut self,
+        sql: &Sql,
+        params: Params<'_>,
+    ) -> Result<Outcome, tokio_postgres::Error> {
+        self.shared.statements.fetch_add(1, Ordering::Relaxed);
+        if self.shared.prepared() {
+            match self.run_prepared(sql, params).await {
+                Err(e) if pooled_session(&e) => self.shared.pooler_found(&describe(&e)),
+                result => return self.checked(result),
+            }
+        }
+        self.shared.parses.fetch_add(1, Ordering::Relaxed);
+        let result = send(&self.client, sql, params).await;
         self.checked(result)
     }
 
-    async fn statement(&mut self, sql: &Sql) -> Result<Statement, tokio_postgres::Error> {
-        if let Some(s) = self.prepared.get(sql.name) {
-            return Ok(s.clone());
-        }
-        self.counts.parses.fetch_add(1, Ordering::Relaxed);
-        let s = self.client.prepare_typed(&sql.text, &sql.types).await?;
-        self.prepared.insert(sql.name, s.clone());
-        Ok(s)
+    async fn run_prepared(
+        &mut self,
+        sql: &Sql,
+        params: Params<'_>,
+    ) -> Result<Outcome, tokio_postgres::Error> {
+        let statement = match self.prepared.get(sql.name) {
+            Some(s) => s.clone(),
+            None => {
+                self.shared.parses.fetch_add(1, Ordering::Relaxed);
+                let s = self.client.prepare_typed(&sql.text, &sql.types).await?;
+                self.prepared.insert(sql.name, s.clone());
+                s
+            }
+        };
+        let stream = self
+            .client
+            .query_raw(&statement, params.iter().copied())
+            .await?;
+        collect(stream).await
     }
+}
+
+/// Sends a statement unnamed, its parameters typed, in one round trip.
+async fn send(
+    client: &Client,
+    sql: &Sql,
+    params: Params<'_>,
+) -> Result<Outcome, tokio_postgres::Error> {
+    collect(client.query_typed_raw(&sql.text, sql.typed(params)).await?).await
+}
+
+async fn collect(stream: RowStream) -> Result<Outcome, tokio_postgres::Error> {
+    futures_util::pin_mut!(stream);
+    let mut rows = Vec::new();
+    while let Some(row) = stream.next().await {
+        rows.push(row?);
+    }
+    Ok((rows, stream.rows_affected().unwrap_or(0)))
+}
+
+enum Probe {
+    /// The server session is the connection's own, served by this process id.
+    Direct(i32),
+    /// A transaction pooler sits between, as this error or these statements show.
+    Pooled(String),
+}
+
+/// Runs the probe (see `PROBE`). A session of its own holds no statement but the probe.
+async fn probe(client: &Client) -> Result<Probe, tokio_postgres::Error> {
+    let name = &*PROBE;
+    let sql = format!(
+        "PREPARE {name} AS SELECT pg_backend_pid()::text, \
+         (SELECT count(*) FROM pg_prepared_statements)::text"
+    );
+    let replies = match client.batch_execute(&sql).await {
+        Ok(()) => client.simple_query(&format!("EXECUTE {name}")).await,
+        Err(e) => Err(e),
+    };
+    let replies = match replies {
+        Err(e) if pooled_session(&e) => return Ok(Probe::Pooled(describe(&e))),
+        replies => replies?,
+    };
+    let row = replies.iter().find_map(|m| match m {
+        SimpleQueryMessage::Row(row) => Some((row.get(0)?.parse().ok()?, row.get(1)?.to_owned())),
+        _ => None,
+    });
+    Ok(match row {
+        Some((pid, held)) if held == "1" => Probe::Direct(pid),
+        Some((_, held)) => Probe::Pooled(format!("the session holds {held} prepared statements")),
+        None => Probe::Pooled("the probe returned no row".into()),
+    })
 }
 
 /// A fixed-size pool. Connections are opened on demand; one that is closed, or that an error
 /// left unusable, is dropped on return, with every idle one opened before it.
 pub(crate) struct Pool {
     opts: ConnectOptions,
-    session: Session,
+    shared: Arc<Shared>,
     state: Mutex<PoolState>,
     /// Bumped when a session turned out unusable: older ones are not handed out again.
     generation: AtomicU64,
     permits: Arc<Semaphore>,
-    counts: Arc<StatementCounts>,
 }
 
 #[derive(Default)]
@@ -417,16 +500,15 @@ impl Pool {
     pub(crate) fn new(opts: ConnectOptions, options: &StoreOptions) -> Self {
         Self {
             opts,
-            session: Session {
-                prepared: options.prepared_statements,
-                // Behind a pooler (unnamed statements) the settings would leak to other
-                // clients, and statements are planned per call anyway.
-                tuned: options.long_lived && options.prepared_statements,
-            },
+            shared: Arc::new(Shared {
+                statements: AtomicU64::new(0),
+                parses: AtomicU64::new(0),
+                prepared: AtomicBool::new(options.prepared_statements),
+                long_lived: options.long_lived,
+            }),
             state: Mutex::default(),
             generation: AtomicU64::new(0),
             permits: Arc::new(Semaphore::new(options.pool_size.max(1))),
-            counts: Arc::default(),
         }
     }
 
@@ -436,13 +518,13 @@ impl Pool {
 
     /// Whether statements are prepared once per connection (not behind a transaction pooler).
     pub(crate) fn prepared_statements(&self) -> bool {
-        self.session.prepared
+        self.shared.prepared()
     }
 
     pub(crate) fn counts(&self) -> ClientCounts {
         ClientCounts {
-            statements: self.counts.statements.load(Ordering::Relaxed),
-            parses: self.counts.parses.load(Ordering::Relaxed),
+            statements: self.shared.statements.load(Ordering::Relaxed),
+            parses: self.shared.parses.load(Ordering::Relaxed),
         }
     }
 
