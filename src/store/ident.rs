@@ -31,13 +31,11 @@ impl Namespace {
     /// On MongoDB: the database, whose names follow MongoDB's rules, and the prefix of every
     /// collection.
     pub fn for_mongo(database: &str, prefix: &str) -> Result<Self, StoreError> {
-        super::mongo::check_database_name(database).map_err(|why| {
-            StoreError::InvalidIdentifier {
-                what: "database".into(),
-                value: database.to_owned(),
-                why,
-                example: "relaybus",
-            }
+        check_database_name(database).map_err(|why| StoreError::InvalidIdentifier {
+            what: "database".into(),
+            value: database.to_owned(),
+            why,
+            example: "relaybus",
         })?;
         check("prefix", prefix, MAX_IDENT - LONGEST_SUFFIX.len())?;
         Ok(Self {
@@ -84,6 +82,20 @@ impl Namespace {
     pub fn table_name(&self, name: &str) -> String {
         format!("{}{}", self.prefix, name)
     }
+}
+
+/// A database name MongoDB accepts, checked before anything is sent.
+fn check_database_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("it is empty".into());
+    }
+    if name.len() > 63 {
+        return Err("it is longer than 63 bytes".into());
+    }
+    if let Some(c) = name.chars().find(|c| "/\\. \"$*<>:|?\0".contains(*c)) {
+        return Err(format!("MongoDB database names cannot hold `{c}`"));
+    }
+    Ok(())
 }
 
 fn check(what: &str, value: &str, max: usize) -> Result<(), StoreError> {

@@ -5,6 +5,7 @@
 
 mod any;
 pub mod bench;
+mod connstr;
 pub mod doctor;
 mod error;
 mod ident;
@@ -20,8 +21,9 @@ mod wake;
 use std::future::Future;
 use std::time::Duration;
 
-pub use any::{namespace, open, redact, schema_script, AnyStore, Engine, Script};
-use any::{refuse_ambiguous, unparsable};
+pub use any::{namespace, open, schema_script, AnyStore, Engine, Script};
+pub use connstr::redact;
+use connstr::{refuse_ambiguous, unparsable};
 pub use error::{BoxError, StoreError};
 pub use ident::Namespace;
 pub use options::StoreOptions;

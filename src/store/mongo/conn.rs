@@ -29,20 +29,6 @@ pub(crate) fn url_database(url: &str) -> Option<String> {
     ConnectionString::parse(url).ok()?.default_database
 }
 
-/// A database name MongoDB accepts, checked before anything is sent.
-pub(crate) fn check_database_name(name: &str) -> Result<(), String> {
-    if name.is_empty() {
-        return Err("it is empty".into());
-    }
-    if name.len() > 63 {
-        return Err("it is longer than 63 bytes".into());
-    }
-    if let Some(c) = name.chars().find(|c| "/\\. \"$*<>:|?\0".contains(*c)) {
-        return Err(format!("MongoDB database names cannot hold `{c}`"));
-    }
-    Ok(())
-}
-
 /// A client, built on first use, and the database of the store.
 pub(super) struct Connection {
     url: String,

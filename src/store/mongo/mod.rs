@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use conn::Connection;
 
-pub(crate) use conn::{check_database_name, url_database};
+pub(crate) use conn::url_database;
 pub(crate) use schema::script;
 
 use crate::store::*;

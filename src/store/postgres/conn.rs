@@ -14,14 +14,13 @@ use futures_util::StreamExt;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
-use tokio_postgres::types::ToSql;
 use tokio_postgres::{
     AsyncMessage, Client, Config, Connection, Row, RowStream, SimpleQueryMessage, Socket, Statement,
 };
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::conninfo::{self, ConnInfo};
-use super::sql::Sql;
+use super::sql::{Params, Sql};
 use crate::store::{refuse_ambiguous, unparsable, ClientCounts, Result, StoreError, StoreOptions};
 
 /// The stream of a connection: TLS or plain, as `sslmode` and the server agree.
@@ -292,8 +291,6 @@ pub(crate) struct Conn {
     /// An error said the session cannot be trusted any more (`session_unusable`).
     unusable: AtomicBool,
 }
-
-pub(crate) type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
 /// Rows, and the count of rows the statement affected.
 type Outcome = (Vec<Row>, u64);

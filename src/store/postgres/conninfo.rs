@@ -16,6 +16,8 @@ use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStor
 use tokio_postgres::config::{Host, SslMode};
 use tokio_postgres::Config;
 
+use crate::store::connstr::pairs;
+
 /// libpq's `sslmode`, of which tokio-postgres knows only disable, prefer and require.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum TlsMode {
@@ -275,49 +277,6 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// `key=value` pairs, values optionally in single quotes with `\` escapes, as libpq reads them.
-pub(crate) fn pairs(s: &str) -> Result<Vec<(String, String)>, String> {
-    let mut out = vec![];
-    let mut chars = s.chars().peekable();
-    loop {
-        while chars.next_if(|c| c.is_whitespace()).is_some() {}
-        if chars.peek().is_none() {
-            return Ok(out);
-        }
-        let mut key = String::new();
-        while let Some(c) = chars.next_if(|c| *c != '=' && !c.is_whitespace()) {
-            key.push(c);
-        }
-        while chars.next_if(|c| c.is_whitespace()).is_some() {}
-        if chars.next() != Some('=') {
-            return Err(format!(
-                "missing `=` after `{key}` in the connection string"
-            ));
-        }
-        while chars.next_if(|c| c.is_whitespace()).is_some() {}
-        let mut value = String::new();
-        if chars.next_if_eq(&'\'').is_some() {
-            loop {
-                match chars.next() {
-                    None => return Err(format!("unterminated quoted value of `{key}`")),
-                    Some('\'') => break,
-                    Some('\\') => value.extend(chars.next()),
-                    Some(c) => value.push(c),
-                }
-            }
-        } else {
-            while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
-                if c == '\\' {
-                    value.extend(chars.next());
-                } else {
-                    value.push(c);
-                }
-            }
-        }
-        out.push((key, value));
-    }
-}
-
 /// The password for this connection from a `.pgpass` file (`host:port:db:user:password`, `*`
 /// matching anything, `\` escaping `:` and `\`). As libpq does, a file others can read is
 /// ignored, and a socket host matches `localhost`.
@@ -532,25 +491,6 @@ impl ServerCertVerifier for KeyOnly {
     }
 }
 
-/// A `key=value` connection string with its password replaced by `***`.
-pub(crate) fn redact_pairs(s: &str) -> String {
-    match pairs(s) {
-        Ok(pairs) => pairs
-            .into_iter()
-            .map(|(k, v)| {
-                if k == "password" {
-                    format!("{k}=***")
-                } else {
-                    format!("{k}={v}")
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(" "),
-        // Unreadable: nothing of it is shown, since a password may hide anywhere in it.
-        Err(_) => "(an unreadable connection string)".into(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -646,17 +586,5 @@ mod tests {
         );
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert_eq!(password("host=db.internal dbname=orders"), None);
-    }
-
-    #[test]
-    fn passwords_never_survive_redaction_of_pairs() {
-        assert_eq!(
-            redact_pairs("host=db user=app password='s3 cret' sslmode=require"),
-            "host=db user=app password=*** sslmode=require"
-        );
-        assert_eq!(
-            redact_pairs("host=db password='unterminated"),
-            "(an unreadable connection string)"
-        );
     }
 }

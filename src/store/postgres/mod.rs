@@ -25,7 +25,6 @@ use conn::{ConnectOptions, Pool};
 use sql::Statements;
 use wake::Notifier;
 
-pub(crate) use conninfo::redact_pairs;
 pub(crate) use schema::script;
 
 use crate::store::*;

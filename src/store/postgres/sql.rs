@@ -4,8 +4,10 @@
 
 use tokio_postgres::types::{ToSql, Type};
 
-use super::conn::Params;
 use crate::store::Namespace;
+
+/// A statement's parameters, in order.
+pub(crate) type Params<'a> = &'a [&'a (dyn ToSql + Sync)];
 
 /// One statement, rendered for a namespace.
 #[derive(Clone, Debug)]
