@@ -311,11 +311,28 @@ fn requeue_selects_only_dead_deliveries_and_asks_first() {
         "{}",
         stderr(&out)
     );
-    s.cmd()
+    // A dry run shows what it selects: the count, then some of the deliveries.
+    let out = s
+        .cmd()
         .args(["dead", "requeue", "--error-contains", "503", "--dry-run"])
-        .assert()
-        .success()
-        .stdout("2 dead deliveries match; dry run, nothing requeued\n");
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stderr(&out), "for instance:\n");
+    let shown: Vec<Vec<String>> = stdout(&out)
+        .lines()
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect();
+    assert_eq!(
+        shown[0].join(" "),
+        "2 dead deliveries match; dry run, nothing requeued"
+    );
+    let events: Vec<(&str, &str)> = shown[2..]
+        .iter()
+        .map(|r| (r[1].as_str(), r[2].as_str()))
+        .collect();
+    assert_eq!(events, [("e1", "billing"), ("e2", "billing")]);
+    assert!(shown[1].starts_with(&["ID".to_owned(), "EVENT".into()]));
     let out = s
         .cmd()
         .args(["dead", "requeue", "--handler", "crm", "--type", "user.new"])
@@ -458,6 +475,38 @@ fn listings_fit_an_80_column_terminal() {
     let (text, rows) = shown("lanes", 1);
     assert_eq!(rows.len(), 3, "{text}");
     assert_eq!(rows[0], ["LANE"], "{text}");
+    // A lane a dead worker of a long name holds: its name is cut, never the lease.
+    s.exec(&format!(
+        "UPDATE {} SET lease_owner = 'worker-on-a-host-with-a-long-name:4242:abcdef', \
+                lease_expires_at = now() - interval '1 minute' \
+          WHERE lane = (SELECT lane FROM {} WHERE status = 'pending')",
+        s.table("lanes"),
+        s.table("deliveries")
+    ));
+    let (text, _) = shown("lanes", 1);
+    assert!(text.contains(" LEASE UNTIL "), "{text}");
+    assert!(text.contains(" (expired) "), "{text}");
+    assert!(text.contains(" worker-on-a-h"), "{text}");
+    // Advice wraps instead of being cut (doctor exits 3: a warning).
+    let (text, _) = shown("doctor || true", 1);
+    let joined = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        joined.contains("the next claim takes the lanes over"),
+        "{text}"
+    );
+    let (text, _) = shown(&format!("deliveries show {}", ids[0]), 1);
+    let joined = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        joined.contains(&format!(
+            "exit 65: HTTP 503 {}",
+            "upstream timed out ".repeat(10).trim_end()
+        )),
+        "{text}"
+    );
+    assert!(
+        joined.contains("lane owner worker-on-a-host-with-a-long-name:4242:abcdef"),
+        "{text}"
+    );
 }
 
 /// The two rows of deliveries a confirmation showed after "for instance:" and the table's

@@ -36,6 +36,12 @@ impl Exactness {
         }
     }
 
+    /// Marks the sample invalid, with why.
+    pub(super) fn refuse(&mut self, problem: &str) {
+        self.problems.push(problem.to_owned());
+        self.valid = false;
+    }
+
     /// A publish sample: exactly one delivery per published event and handler.
     pub(super) fn of_publish(deliveries: u64, published: u64, handlers: u32) -> Self {
         let expected = published * u64::from(handlers);

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use super::cells::{Cell, Keys};
+use super::cells::{Cell, Config, Keys};
 use super::exactness::{self, Exactness, Expected};
 use super::worker::{Role, WorkerPlan, WorkerReport};
 use super::{percentile, Coordinator, Error, Latency, SampleStore};
@@ -68,28 +68,17 @@ impl Coordinator {
         binary: &std::path::Path,
         sample: &SampleStore,
     ) -> Result<Measured, Error> {
-        let store = &sample.store;
-        match cell {
+        let mut measured = match cell {
             Cell::Publish {
                 publishers,
                 batch,
                 handlers,
                 keys,
             } => {
-                let before = store.server_counters().await?;
                 let plans =
                     self.publishers(Role::Publish, sample, publishers, batch, handlers, keys);
-                let reports = self.workers(binary, plans).await?;
-                let counters = self.counters_after(store, &before).await?;
-                let published: u64 = reports.iter().map(|r| r.units_total).sum();
-                let deliveries = store.delivery_counts().await?.total as u64;
-                let exactness = Exactness::of_publish(deliveries, published, handlers);
-                Ok(Measured {
-                    reports,
-                    counters,
-                    exactness: Some(exactness),
-                    latency: None,
-                })
+                self.measure_publish(binary, sample, plans, handlers)
+                    .await?
             }
             Cell::Dispatch {
                 processes,
@@ -97,140 +86,185 @@ impl Coordinator {
                 handlers,
                 keys,
             } => {
-                let events = self.backlog(processes, handlers, config.ceiling());
-                store
-                    .preload(&backlog(events, handlers, keys), true)
-                    .await?;
-                let before = store.server_counters().await?;
-                let base = WorkerPlan {
-                    config,
-                    handlers,
-                    ..self.plan(Role::Dispatch, &sample.target)
-                };
-                let mut files = vec![];
-                let plans = (0..processes)
-                    .map(|i| {
-                        let file = self
-                            .dir
-                            .path()
-                            .join(format!("{}-d{i}", sample.target.schema));
-                        files.push(file.clone());
-                        WorkerPlan {
-                            records: Some(file),
-                            ..base.clone()
-                        }
-                    })
-                    .collect();
-                let reports = self.workers(binary, plans).await?;
-                let counters = self.counters_after(store, &before).await?;
-                let expected: Vec<Expected> = (0..events)
-                    .flat_map(|n| (0..handlers).map(move |h| (format!("e{n}"), format!("h{h}"), n)))
-                    .collect();
-                let pending: HashSet<(String, String)> =
-                    store.pending().await?.into_iter().collect();
-                let dead = store.delivery_counts().await?.dead;
-                let exactness = exactness::check(&files, &expected, &pending, dead, keys, true)?;
-                Ok(Measured {
-                    reports,
-                    counters,
-                    exactness: Some(exactness),
-                    latency: None,
-                })
+                self.measure_dispatch(binary, sample, processes, config, handlers, keys)
+                    .await?
             }
             Cell::Mixed { rate, config } => {
-                let before = store.server_counters().await?;
-                let base = self.plan(Role::MixedPublish, &sample.target);
-                let publishers = 4u32;
-                let mut pub_files = vec![];
-                let mut plans = vec![];
-                for i in 0..publishers {
-                    let file = self
-                        .dir
-                        .path()
-                        .join(format!("{}-p{i}", sample.target.schema));
-                    pub_files.push(file.clone());
-                    plans.push(WorkerPlan {
-                        index: i,
-                        events: u64::from(rate / publishers),
-                        phase: f64::from(i) / f64::from(publishers),
-                        records: Some(file),
-                        ..base.clone()
-                    });
-                }
-                let disp_file = self.dir.path().join(format!("{}-d0", sample.target.schema));
-                plans.push(WorkerPlan {
-                    role: Role::Dispatch,
-                    config,
-                    records: Some(disp_file.clone()),
-                    ..base
-                });
-                // The largest backlog, sampled while the workers run.
-                let watch = async {
-                    let mut max = 0i64;
-                    let deadline = Instant::now()
-                        + Duration::from_millis(700)
-                        + self.opts.warmup
-                        + self.opts.window;
-                    while Instant::now() < deadline {
-                        if let Ok(c) = store.delivery_counts().await {
-                            max = max.max(c.pending);
-                        }
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    max
-                };
-                let (reports, max_backlog) = tokio::join!(self.workers(binary, plans), watch);
-                let reports = reports?;
-                let counters = self.counters_after(store, &before).await?;
-                // Commit time of every event, and whether it counts: latencies are those of
-                // events committed inside the window, not of the warm-up's.
-                let mut committed: HashMap<String, (u64, bool)> = HashMap::new();
-                for f in &pub_files {
-                    for line in std::fs::read_to_string(f)?.lines() {
-                        let p: Vec<&str> = line.split('\t').collect();
-                        let [id, t, in_window] = p[..] else {
-                            return Err("bad publisher record".into());
-                        };
-                        committed.insert(id.to_owned(), (t.parse()?, in_window == "1"));
-                    }
-                }
-                let expected: Vec<Expected> = committed
-                    .keys()
-                    .map(|id| (id.clone(), "h0".into(), 0))
-                    .collect();
-                let pending: HashSet<(String, String)> =
-                    store.pending().await?.into_iter().collect();
-                let dead = store.delivery_counts().await?.dead;
-                let files = [disp_file];
-                let exactness =
-                    exactness::check(&files, &expected, &pending, dead, Keys::None, false)?;
-                let mut latencies: Vec<u64> = vec![];
-                for line in std::fs::read_to_string(&files[0])?.lines() {
-                    let parts: Vec<&str> = line.split('\t').collect();
-                    if let (Some((c, true)), Ok(t)) =
-                        (committed.get(parts[0]), parts[3].parse::<u64>())
-                    {
-                        latencies.push(t.saturating_sub(*c));
-                    }
-                }
-                latencies.sort_unstable();
-                let latency = Latency {
-                    p50_ms: percentile(&latencies, 0.5) / 1000.0,
-                    p95_ms: percentile(&latencies, 0.95) / 1000.0,
-                    p99_ms: percentile(&latencies, 0.99) / 1000.0,
-                    max_backlog,
-                };
-                // Throughput of a mixed cell is what was accepted: the publishers' events.
-                let published: Vec<WorkerReport> =
-                    reports.into_iter().take(publishers as usize).collect();
-                Ok(Measured {
-                    reports: published,
-                    counters,
-                    exactness: Some(exactness),
-                    latency: Some(latency),
-                })
+                self.measure_mixed(binary, sample, rate, config).await?
+            }
+        };
+        if measured.reports.iter().map(|r| r.units_window).sum::<u64>() == 0 {
+            if let Some(e) = measured.exactness.as_mut() {
+                e.refuse("nothing was measured inside the window");
             }
         }
+        Ok(measured)
+    }
+
+    async fn measure_publish(
+        &mut self,
+        binary: &std::path::Path,
+        sample: &SampleStore,
+        plans: Vec<WorkerPlan>,
+        handlers: u32,
+    ) -> Result<Measured, Error> {
+        let store = &sample.store;
+        let before = store.server_counters().await?;
+        let reports = self.workers(binary, plans).await?;
+        let counters = self.counters_after(store, &before).await?;
+        let published: u64 = reports.iter().map(|r| r.units_total).sum();
+        let deliveries = store.delivery_counts().await?.total as u64;
+        let exactness = Exactness::of_publish(deliveries, published, handlers);
+        Ok(Measured {
+            reports,
+            counters,
+            exactness: Some(exactness),
+            latency: None,
+        })
+    }
+
+    async fn measure_dispatch(
+        &mut self,
+        binary: &std::path::Path,
+        sample: &SampleStore,
+        processes: u32,
+        config: Config,
+        handlers: u32,
+        keys: Keys,
+    ) -> Result<Measured, Error> {
+        let store = &sample.store;
+        let events = self.backlog(processes, handlers, config.ceiling());
+        store
+            .preload(&backlog(events, handlers, keys), true)
+            .await?;
+        let before = store.server_counters().await?;
+        let base = WorkerPlan {
+            config,
+            handlers,
+            ..self.plan(Role::Dispatch, &sample.target)
+        };
+        let mut files = vec![];
+        let plans = (0..processes)
+            .map(|i| {
+                let file = self
+                    .dir
+                    .path()
+                    .join(format!("{}-d{i}", sample.target.schema));
+                files.push(file.clone());
+                WorkerPlan {
+                    records: Some(file),
+                    ..base.clone()
+                }
+            })
+            .collect();
+        let reports = self.workers(binary, plans).await?;
+        let counters = self.counters_after(store, &before).await?;
+        let expected: Vec<Expected> = (0..events)
+            .flat_map(|n| (0..handlers).map(move |h| (format!("e{n}"), format!("h{h}"), n)))
+            .collect();
+        let pending: HashSet<(String, String)> = store.pending().await?.into_iter().collect();
+        let dead = store.delivery_counts().await?.dead;
+        let exactness = exactness::check(&files, &expected, &pending, dead, keys, true)?;
+        Ok(Measured {
+            reports,
+            counters,
+            exactness: Some(exactness),
+            latency: None,
+        })
+    }
+
+    async fn measure_mixed(
+        &mut self,
+        binary: &std::path::Path,
+        sample: &SampleStore,
+        rate: u32,
+        config: Config,
+    ) -> Result<Measured, Error> {
+        let store = &sample.store;
+        let before = store.server_counters().await?;
+        let base = self.plan(Role::MixedPublish, &sample.target);
+        let publishers = 4u32;
+        let mut pub_files = vec![];
+        let mut plans = vec![];
+        for i in 0..publishers {
+            let file = self
+                .dir
+                .path()
+                .join(format!("{}-p{i}", sample.target.schema));
+            pub_files.push(file.clone());
+            plans.push(WorkerPlan {
+                index: i,
+                events: u64::from(rate / publishers),
+                phase: f64::from(i) / f64::from(publishers),
+                records: Some(file),
+                ..base.clone()
+            });
+        }
+        let disp_file = self.dir.path().join(format!("{}-d0", sample.target.schema));
+        plans.push(WorkerPlan {
+            role: Role::Dispatch,
+            config,
+            records: Some(disp_file.clone()),
+            ..base
+        });
+        // The largest backlog, sampled while the workers run.
+        let watch = async {
+            let mut max = 0i64;
+            let deadline =
+                Instant::now() + Duration::from_millis(700) + self.opts.warmup + self.opts.window;
+            while Instant::now() < deadline {
+                if let Ok(c) = store.delivery_counts().await {
+                    max = max.max(c.pending);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            max
+        };
+        let (reports, max_backlog) = tokio::join!(self.workers(binary, plans), watch);
+        let reports = reports?;
+        let counters = self.counters_after(store, &before).await?;
+        // Commit time of every event, and whether it counts: latencies are those of
+        // events committed inside the window, not of the warm-up's.
+        let mut committed: HashMap<String, (u64, bool)> = HashMap::new();
+        for f in &pub_files {
+            for line in std::fs::read_to_string(f)?.lines() {
+                let p: Vec<&str> = line.split('\t').collect();
+                let [id, t, in_window] = p[..] else {
+                    return Err("bad publisher record".into());
+                };
+                committed.insert(id.to_owned(), (t.parse()?, in_window == "1"));
+            }
+        }
+        let expected: Vec<Expected> = committed
+            .keys()
+            .map(|id| (id.clone(), "h0".into(), 0))
+            .collect();
+        let pending: HashSet<(String, String)> = store.pending().await?.into_iter().collect();
+        let dead = store.delivery_counts().await?.dead;
+        let files = [disp_file];
+        let exactness = exactness::check(&files, &expected, &pending, dead, Keys::None, false)?;
+        let mut latencies: Vec<u64> = vec![];
+        for line in std::fs::read_to_string(&files[0])?.lines() {
+            let parts: Vec<&str> = line.split('\t').collect();
+            if let (Some((c, true)), Ok(t)) = (committed.get(parts[0]), parts[3].parse::<u64>()) {
+                latencies.push(t.saturating_sub(*c));
+            }
+        }
+        latencies.sort_unstable();
+        let latency = Latency {
+            p50_ms: percentile(&latencies, 0.5) / 1000.0,
+            p95_ms: percentile(&latencies, 0.95) / 1000.0,
+            p99_ms: percentile(&latencies, 0.99) / 1000.0,
+            max_backlog,
+        };
+        // Throughput of a mixed cell is what was accepted: the publishers' events.
+        let published: Vec<WorkerReport> = reports.into_iter().take(publishers as usize).collect();
+        Ok(Measured {
+            reports: published,
+            counters,
+            exactness: Some(exactness),
+            latency: Some(latency),
+        })
     }
 
     /// The raw floor of a cell: its units per second with the plainest statements, run by this

@@ -118,25 +118,12 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeadArgs) -> Result<
                     out.line(format!(
                         "{matched} dead deliveries match; dry run, nothing requeued"
                     ))?;
+                    sample(&store, out, &selector).await?;
                 }
                 return Ok(ExitCode::SUCCESS);
             }
             if !a.yes && out.terminal() && std::io::stdin().is_terminal() {
-                let ids = &selector.ids;
-                let text = selector.error_contains.as_deref();
-                let filter = DeliveryFilter {
-                    status: Some(DeliveryStatus::Dead),
-                    handler: selector.handler.clone(),
-                    event_type: selector.event_type.clone(),
-                    ..Default::default()
-                };
-                show_sample(&store, out, filter, |d| {
-                    (ids.is_empty() || d.id.as_ref().is_some_and(|id| ids.contains(id)))
-                        && text.is_none_or(|text| {
-                            d.last_error.as_deref().is_some_and(|e| e.contains(text))
-                        })
-                })
-                .await?;
+                sample(&store, out, &selector).await?;
             }
             if !confirm(&format!("Requeue {matched} dead deliveries?"), a.yes)? {
                 return declined();
@@ -153,4 +140,21 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeadArgs) -> Result<
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Shows up to five of the dead deliveries a requeue selects.
+async fn sample(store: &impl Store, out: &Output, selector: &RequeueSelector) -> Result<()> {
+    let ids = &selector.ids;
+    let text = selector.error_contains.as_deref();
+    let filter = DeliveryFilter {
+        status: Some(DeliveryStatus::Dead),
+        handler: selector.handler.clone(),
+        event_type: selector.event_type.clone(),
+        ..Default::default()
+    };
+    show_sample(store, out, filter, |d| {
+        (ids.is_empty() || d.id.as_ref().is_some_and(|id| ids.contains(id)))
+            && text.is_none_or(|text| d.last_error.as_deref().is_some_and(|e| e.contains(text)))
+    })
+    .await
 }

@@ -209,7 +209,7 @@ pub(crate) fn print_deliveries(
         })
         .collect();
     // The delivery's and its event's ids.
-    out.table_keeping(2, &headers, &table)?;
+    out.table_keeping(&[0, 1], &headers, &table)?;
     if let Some(after) = next_after {
         eprintln!("showing the first {limit}; the next page: --after {after}");
     }
@@ -271,21 +271,20 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeliveriesArgs) -> R
                     ),
                     (
                         "lane",
-                        format!(
-                            "{} (epoch {}, owner {}, lease until {})",
-                            r.lane.unwrap_or(0),
-                            d.lane_epoch,
-                            d.lane_owner.as_deref().unwrap_or("-"),
-                            time(d.lease_expires_at)
-                        ),
+                        format!("{} (epoch {})", r.lane.unwrap_or(0), d.lane_epoch),
                     ),
+                    (
+                        "lane owner",
+                        d.lane_owner.clone().unwrap_or_else(|| "-".into()),
+                    ),
+                    ("lease until", time(d.lease_expires_at)),
                     (
                         "lease token",
                         d.lease_token.clone().unwrap_or_else(|| "-".into()),
                     ),
                 ];
                 for (k, v) in lines {
-                    out.line(format!("{k:<12} {v}"))?;
+                    out.paragraph(format!("{k:<12} {v}"), 13)?;
                 }
             }
         }
@@ -308,8 +307,8 @@ pub(super) async fn run_events(g: &GlobalArgs, out: &Output, args: EventsArgs) -
     out.line(format!("key         {}", e.key.as_deref().unwrap_or("-")))?;
     out.line(format!("created     {}", time(Some(e.created_at))))?;
     out.line(format!("handlers    {}", e.handlers.join(", ")))?;
-    out.line(format!("headers     {}", e.headers))?;
-    out.line(format!("payload     {}", e.payload))?;
+    out.paragraph(format!("headers     {}", e.headers), 12)?;
+    out.paragraph(format!("payload     {}", e.payload), 12)?;
     out.line("")?;
     let how = Listing {
         empty: "no deliveries left: every handler completed",

@@ -6,7 +6,7 @@ use anyhow::Result;
 use clap::Args;
 use serde_json::json;
 
-use super::output::{age, time};
+use super::output::{age, time, when};
 use super::{GlobalArgs, Output};
 use crate::store::{Store, StoreOptions};
 
@@ -57,16 +57,22 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: LanesArgs) -> Result
                     l.epoch.to_string(),
                     match (l.lease_expires_at, l.expired) {
                         (None, _) => "-".into(),
-                        (Some(t), true) => format!("{} (expired)", time(Some(t))),
-                        (Some(t), false) => time(Some(t)),
+                        (Some(t), true) => format!("{} (expired)", time_of_day(t)),
+                        (Some(t), false) => time_of_day(t),
                     },
                     l.in_flight.to_string(),
                     l.pending.to_string(),
-                    time(l.oldest_due),
+                    if out.terminal() {
+                        when(l.oldest_due)
+                    } else {
+                        time(l.oldest_due)
+                    },
                 ]
             })
             .collect();
-        out.table(
+        // Only the owner's name may be cut: a lease's time and whether it expired matter most.
+        out.table_keeping(
+            &[0, 2, 3, 4, 5, 6],
             &[
                 "LANE",
                 "OWNER",
@@ -139,4 +145,14 @@ pub(super) async fn run_stats(g: &GlobalArgs, out: &Output, _: StatsArgs) -> Res
         &rows,
     )?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// A lease's end, which is seconds from now unless its worker died long ago: the time of day
+/// when it is today (UTC), so that a table with its owner and counts fits a terminal.
+fn time_of_day(t: chrono::DateTime<chrono::Utc>) -> String {
+    if t.date_naive() == chrono::Utc::now().date_naive() {
+        t.format("%H:%M:%S").to_string()
+    } else {
+        time(Some(t))
+    }
 }

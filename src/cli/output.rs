@@ -81,29 +81,32 @@ impl Output {
     /// cells are cut until the table fits the terminal's width, except in the first column,
     /// which names the row; into a pipe nothing is cut.
     pub fn table(&self, headers: &[&str], rows: &[Vec<String>]) -> Result<()> {
-        self.table_keeping(1, headers, rows)
+        self.table_keeping(&[0], headers, rows)
     }
 
-    /// A table whose first `kept` columns (ids) are never cut.
-    pub fn table_keeping(&self, kept: usize, headers: &[&str], rows: &[Vec<String>]) -> Result<()> {
-        let mut table = comfy_table::Table::new();
-        table
-            .load_preset(comfy_table::presets::NOTHING)
-            .set_content_arrangement(comfy_table::ContentArrangement::Disabled);
-        let width = if self.terminal() { table.width() } else { None };
-        let rows = match width {
-            Some(width) => fit_columns(kept, headers, rows, usize::from(width)),
-            None => rows.to_vec(),
-        };
-        table.set_header(headers.iter().copied());
-        for row in &rows {
-            table.add_row(row.iter().map(String::as_str));
-        }
-        for column in table.column_iter_mut() {
-            column.set_padding((0, 2));
-        }
-        for line in table.lines() {
-            self.line(line.trim_end())?;
+    /// A table whose `kept` columns (ids, times, counts) are never cut.
+    pub fn table_keeping(
+        &self,
+        kept: &[usize],
+        headers: &[&str],
+        rows: &[Vec<String>],
+    ) -> Result<()> {
+        self.print_table(headers, rows, Fit::Cut(kept))
+    }
+
+    /// A table whose long cells wrap within the terminal's width instead of being cut, for text
+    /// a reader must see whole (advice).
+    pub fn table_wrapping(&self, headers: &[&str], rows: &[Vec<String>]) -> Result<()> {
+        self.print_table(headers, rows, Fit::Wrap)
+    }
+
+    fn print_table(&self, headers: &[&str], rows: &[Vec<String>], fit: Fit) -> Result<()> {
+        let width = self
+            .terminal()
+            .then(|| comfy_table::Table::new().width())
+            .flatten();
+        for line in table_lines(headers, rows, width.map(usize::from), fit) {
+            self.line(line)?;
         }
         Ok(())
     }
@@ -141,13 +144,53 @@ pub(super) fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
+/// How a table is made to fit a terminal.
+#[derive(Clone, Copy)]
+enum Fit<'a> {
+    /// Cut the widest cells, never those of these columns.
+    Cut(&'a [usize]),
+    /// Wrap long cells onto more lines.
+    Wrap,
+}
+
+/// A table's lines, made to fit `width` when one is given.
+fn table_lines(
+    headers: &[&str],
+    rows: &[Vec<String>],
+    width: Option<usize>,
+    fit: Fit,
+) -> Vec<String> {
+    let mut table = comfy_table::Table::new();
+    table
+        .load_preset(comfy_table::presets::NOTHING)
+        .set_content_arrangement(comfy_table::ContentArrangement::Disabled);
+    let rows = match (width, fit) {
+        (Some(width), Fit::Cut(kept)) => fit_columns(kept, headers, rows, width),
+        (Some(width), Fit::Wrap) => {
+            table
+                .set_content_arrangement(comfy_table::ContentArrangement::Dynamic)
+                .set_width(u16::try_from(width).unwrap_or(u16::MAX));
+            rows.to_vec()
+        }
+        (None, _) => rows.to_vec(),
+    };
+    table.set_header(headers.iter().copied());
+    for row in &rows {
+        table.add_row(row.iter().map(String::as_str));
+    }
+    for column in table.column_iter_mut() {
+        column.set_padding((0, 2));
+    }
+    table.lines().map(|l| l.trim_end().to_owned()).collect()
+}
+
 /// Cuts cells so that the table fits `width`, the widest column first, one column at a time:
 /// first only columns of long text (wider than `LONG`: errors, keys, types), down to their
 /// header's width (6 at least); then, when that is not enough, any column down to its header's
-/// width. A cut cell ends in "…". The first `kept` columns are never cut. Widths are display
-/// widths, so wide (CJK) characters count twice.
+/// width. A cut cell ends in "…". The `kept` columns are never cut. Widths are display widths,
+/// so wide (CJK) characters count twice.
 fn fit_columns(
-    kept: usize,
+    kept: &[usize],
     headers: &[&str],
     rows: &[Vec<String>],
     width: usize,
@@ -175,8 +218,8 @@ fn fit_columns(
     let any = headers.iter().map(|h| h.width()).collect();
     for floor in [long_text, any] {
         while widths.iter().sum::<usize>() + gaps > width {
-            let Some(widest) = (kept..widths.len())
-                .filter(|&i| widths[i] > floor[i])
+            let Some(widest) = (0..widths.len())
+                .filter(|&i| !kept.contains(&i) && widths[i] > floor[i])
                 .max_by_key(|&i| (widths[i], i))
             else {
                 break;
