@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::common::{connect, database_url, runtime, stdout};
+use crate::common::{connect, database_url, stdout};
 
 /// Rows inserted, updated, HOT-updated and deleted in one table during a sample.
 fn rows(sample: &Value, table: &str) -> [u64; 4] {
@@ -111,12 +111,11 @@ fn one_cell_of_each_scenario_is_measured_exactly_and_reported() {
     );
 
     // Every sample's schema, and every floor's, is gone.
-    let left = runtime()
-        .block_on(connect().query(
-            "SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'relaybus\\_bench\\_%'",
-            &[],
-        ))
-        .unwrap();
+    let left = crate::common::block_on(connect().query(
+        "SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'relaybus\\_bench\\_%'",
+        &[],
+    ))
+    .unwrap();
     assert_eq!(left.len(), 0);
 }
 

@@ -8,9 +8,7 @@ use relaybus::store::{
     StoreOptions,
 };
 
-use crate::common::{
-    claim_request, open_store, reads_of, runtime, wait_until, TestDatabase, TestSchema,
-};
+use crate::common::{claim_request, open_store, reads_of, wait_until, TestDatabase, TestSchema};
 
 /// A publisher on one connection, sending no wake-ups.
 fn store(s: &TestSchema) -> AnyStore {
@@ -47,7 +45,7 @@ fn in_a_session_of_its_own<F: std::future::Future>(
     let sep = if s.url.contains('?') { '&' } else { '?' };
     let url = format!("{}{sep}application_name={app}", s.url);
     let store = relaybus::store::open(Some(&url), s.namespace(), StoreOptions::worker(1)).unwrap();
-    let out = runtime().block_on(call(store));
+    let out = crate::common::block_on(call(store));
     let sessions =
         format!("SELECT count(*) FROM pg_stat_activity WHERE application_name = '{app}'");
     wait_until("the session to end", Duration::from_secs(10), || {
@@ -117,17 +115,17 @@ fn event(n: usize) -> NewEvent {
 fn a_single_publish_is_one_statement_parsed_once() {
     let s = TestSchema::installed("budget_stmts");
     let store = store(&s);
-    runtime().block_on(store.publish(&[event(0)])).unwrap();
+    crate::common::block_on(store.publish(&[event(0)])).unwrap();
     assert_eq!(store.client_counts(), counts(1, 1));
     for n in 1..=100 {
-        runtime().block_on(store.publish(&[event(n)])).unwrap();
+        crate::common::block_on(store.publish(&[event(n)])).unwrap();
     }
     assert_eq!(store.client_counts(), counts(101, 1));
     let keyed = NewEvent {
         key: Some("k".into()),
         ..event(101)
     };
-    runtime().block_on(store.publish(&[keyed])).unwrap();
+    crate::common::block_on(store.publish(&[keyed])).unwrap();
     assert_eq!(
         store.client_counts(),
         counts(102, 1),
@@ -142,7 +140,11 @@ fn a_single_publish_is_one_statement_parsed_once() {
 fn a_republish_costs_one_failed_statement_once() {
     let s = TestSchema::installed("budget_republish");
     let store = store(&s);
-    let publish = |events: &[NewEvent]| runtime().block_on(store.publish(events)).unwrap().len();
+    let publish = |events: &[NewEvent]| {
+        crate::common::block_on(store.publish(events))
+            .unwrap()
+            .len()
+    };
     assert_eq!(publish(&[event(0), event(1)]), 2);
     assert_eq!(store.client_counts(), counts(1, 1));
     assert_eq!(publish(&[event(1), event(2)]), 1, "event 1 adds nothing");
@@ -184,10 +186,10 @@ fn wal_per_published_event_is_within_the_seed_budget() {
     s.cmd().arg("setup").assert().success();
     s.exec("CREATE EXTENSION IF NOT EXISTS pg_walinspect");
     let store = store(&s);
-    runtime().block_on(store.publish(&[event(0)])).unwrap();
+    crate::common::block_on(store.publish(&[event(0)])).unwrap();
     let start: String = s.query("SELECT pg_current_wal_insert_lsn()::text")[0].get(0);
     for n in 1..=200 {
-        runtime().block_on(store.publish(&[event(n)])).unwrap();
+        crate::common::block_on(store.publish(&[event(n)])).unwrap();
     }
     // Up to what is flushed, which covers these synchronous commits: other tests' asynchronous
     // commits can leave the insert position ahead of it, and pg_walinspect reads no further.

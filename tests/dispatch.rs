@@ -10,7 +10,7 @@ use relaybus::dispatch::{
 use relaybus::handler::{Handler, HandlerFuture, Outcome};
 use relaybus::store::{ClaimedDelivery, EventLimits, NewEvent, Store, StoreOptions};
 
-use crate::common::{open_store, runtime, TestSchema};
+use crate::common::{open_store, TestSchema};
 
 /// A shutdown sender that is dropped after asking for a graceful stop must not read as a
 /// second signal: running deliveries finish and complete, none is released.
@@ -28,7 +28,7 @@ fn a_dropped_shutdown_sender_is_not_a_cancel() {
 
     let s = TestSchema::installed("dropped_sender");
     let store = Arc::new(open_store(&s, StoreOptions::worker(4)));
-    let summary = runtime().block_on(async {
+    let summary = crate::common::block_on(async {
         let limits = EventLimits {
             max_payload_bytes: 1024,
         };

@@ -57,8 +57,7 @@ fn worker(cluster: &TestCluster, args: &[&str]) -> Spawned {
 }
 
 fn count(cluster: &TestCluster, sql: &str) -> i64 {
-    runtime()
-        .block_on(connect(&cluster.url()).query_one(sql, &[]))
+    crate::common::block_on(connect(&cluster.url()).query_one(sql, &[]))
         .map(|r| r.get(0))
         .unwrap_or(-1)
 }
@@ -199,13 +198,12 @@ fn a_completion_that_waits_for_a_takeover_deletes_nothing() {
     let s = TestSchema::installed("complete_vs_takeover");
     s.publish(&[serde_json::json!({"id": "e1", "type": "t", "handlers": ["h"]})]);
     let store = open_store(&s, StoreOptions::worker(1));
-    let claimed = runtime()
-        .block_on(store.claim(&claim_request("w1", &["h"])))
+    let claimed = crate::common::block_on(store.claim(&claim_request("w1", &["h"])))
         .unwrap()
         .0;
     let token = claimed[0].token.clone();
     let (lanes, deliveries) = (s.table("lanes"), s.table("deliveries"));
-    let (takeover, holder) = runtime().block_on(async {
+    let (takeover, holder) = crate::common::block_on(async {
         let (client, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
             .await
             .unwrap();
@@ -242,10 +240,8 @@ fn a_completion_that_waits_for_a_takeover_deletes_nothing() {
             )) == 1
         },
     );
-    runtime()
-        .block_on(takeover.batch_execute("COMMIT"))
-        .unwrap();
-    let deleted = runtime().block_on(completion).unwrap().unwrap();
+    crate::common::block_on(takeover.batch_execute("COMMIT")).unwrap();
+    let deleted = crate::common::block_on(completion).unwrap().unwrap();
     assert_eq!(deleted, Vec::<String>::new());
     assert_eq!(
         s.rows(&format!("SELECT id, claims, attempts FROM {deliveries}")),
@@ -384,9 +380,7 @@ fn a_killed_wake_up_connection_is_replaced() {
     );
     let listener = cluster.backend("query LIKE 'LISTEN %'");
     let admin = connect(&cluster.url());
-    runtime()
-        .block_on(admin.query("SELECT pg_terminate_backend($1)", &[&listener]))
-        .unwrap();
+    crate::common::block_on(admin.query("SELECT pg_terminate_backend($1)", &[&listener])).unwrap();
     let replaced = cluster.backend(&format!("query LIKE 'LISTEN %' AND pid <> {listener}"));
     assert_ne!(replaced, listener);
     run_ok(relaybus(&cluster).arg("publish"), &event("wake"));
@@ -410,7 +404,7 @@ fn a_killed_wake_up_connection_is_replaced() {
 
 /// Status and body of a GET, or None when nothing answers.
 fn get(url: &str) -> Option<(u16, String)> {
-    runtime().block_on(async {
+    crate::common::block_on(async {
         let response = reqwest::get(url).await.ok()?;
         Some((response.status().as_u16(), response.text().await.ok()?))
     })
@@ -469,9 +463,10 @@ fn lanes_locked_past_the_lease_are_reported_and_drain_once_the_lock_goes() {
         || left() < 1900,
     );
     let holder = connect(&format!("{}&application_name=lock-holder", cluster.url()));
-    runtime()
-        .block_on(holder.batch_execute("BEGIN; LOCK TABLE relaybus_lanes IN ACCESS EXCLUSIVE MODE"))
-        .unwrap();
+    crate::common::block_on(
+        holder.batch_execute("BEGIN; LOCK TABLE relaybus_lanes IN ACCESS EXCLUSIVE MODE"),
+    )
+    .unwrap();
     let locked = std::time::Instant::now();
     let mut readyz = None;
     wait_until(
@@ -492,7 +487,7 @@ fn lanes_locked_past_the_lease_are_reported_and_drain_once_the_lock_goes() {
     );
     // Past the lease, then the lock goes.
     std::thread::sleep(Duration::from_secs(5).saturating_sub(locked.elapsed()));
-    runtime().block_on(holder.batch_execute("COMMIT")).unwrap();
+    crate::common::block_on(holder.batch_execute("COMMIT")).unwrap();
     let released = std::time::Instant::now();
     wait_until(
         "every delivery to drain within the lease plus 10 s",
@@ -571,7 +566,7 @@ fn read_only_sessions_are_replaced_and_handlers_wait_for_outcomes_to_be_recorded
                 WHERE application_name = 'relaybus' AND query NOT LIKE 'LISTEN%' \
                   AND pid <> (SELECT min(pid) FROM pg_stat_activity \
                                WHERE application_name = 'relaybus' AND query NOT LIKE 'LISTEN%')";
-    runtime().block_on(admin.batch_execute(sql)).unwrap();
+    crate::common::block_on(admin.batch_execute(sql)).unwrap();
     let mut readyz = None;
     let mut seen = (0, 0);
     wait_until(
@@ -601,11 +596,10 @@ fn read_only_sessions_are_replaced_and_handlers_wait_for_outcomes_to_be_recorded
     }
     let worst = *unrecorded.iter().max().unwrap();
     assert!(worst <= concurrency, "unrecorded outcomes: {unrecorded:?}");
-    runtime()
-        .block_on(
-            admin.batch_execute("ALTER DATABASE postgres RESET default_transaction_read_only"),
-        )
-        .unwrap();
+    crate::common::block_on(
+        admin.batch_execute("ALTER DATABASE postgres RESET default_transaction_read_only"),
+    )
+    .unwrap();
     let reset = std::time::Instant::now();
     let stuck = recorded();
     wait_until(

@@ -615,9 +615,10 @@ fn an_upgrade_waits_for_the_setup_lock_and_finds_the_store_converted() {
         .parse()
         .unwrap();
     let holder = crate::common::connect();
-    let rt = crate::common::runtime();
-    rt.block_on(holder.batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock({key})")))
-        .unwrap();
+    crate::common::block_on(
+        holder.batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock({key})")),
+    )
+    .unwrap();
     let mut waiter = StdCommand::new(assert_cmd::cargo::cargo_bin("relaybus"))
         .env("RELAYBUS_DATABASE_URL", crate::common::database_url())
         .args([
@@ -639,8 +640,8 @@ fn an_upgrade_waits_for_the_setup_lock_and_finds_the_store_converted() {
         "the upgrade stopped waiting"
     );
     // The lock's holder converts the store, as a first upgrade would, and commits.
-    rt.block_on(holder.batch_execute(&script)).unwrap();
-    rt.block_on(holder.batch_execute("COMMIT")).unwrap();
+    crate::common::block_on(holder.batch_execute(&script)).unwrap();
+    crate::common::block_on(holder.batch_execute("COMMIT")).unwrap();
     let out = finish(waiter, Duration::from_secs(30));
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
@@ -663,7 +664,7 @@ fn a_runtime_role_with_the_rendered_grants_runs_everything_but_schema_changes() 
     impl Drop for Role {
         fn drop(&mut self) {
             let admin = crate::common::connect();
-            let _ = crate::common::runtime().block_on(admin.batch_execute(&format!(
+            let _ = crate::common::block_on(admin.batch_execute(&format!(
                 "DROP OWNED BY \"{0}\"; DROP ROLE IF EXISTS \"{0}\"",
                 self.0
             )));

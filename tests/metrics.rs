@@ -5,13 +5,11 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::common::cluster::free_port;
-use crate::common::{
-    finish, runtime, signal, spawn_worker, stdout, wait_in_flight, wait_until, TestSchema,
-};
+use crate::common::{finish, signal, spawn_worker, stdout, wait_in_flight, wait_until, TestSchema};
 
 /// Status and body of a GET.
 fn get(url: &str) -> (u16, String) {
-    runtime().block_on(async {
+    crate::common::block_on(async {
         let response = reqwest::get(url).await.unwrap();
         (response.status().as_u16(), response.text().await.unwrap())
     })

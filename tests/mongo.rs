@@ -3,7 +3,6 @@
 //! exactly-once across worker processes, `kill -9`, and `schema-sql` rendered without a
 //! server.
 
-use std::collections::HashMap;
 use std::process::{Command as StdCommand, Stdio};
 use std::time::Duration;
 
@@ -11,10 +10,11 @@ use mongodb::bson::{doc, Bson, Document};
 use relaybus::store::{ClaimRequest, EventLimits, NewEvent, Store, StoreOptions};
 use serde_json::{json, Value};
 
+use crate::common::drain::three_workers_drain_exactly_once;
 use crate::common::http::serve;
 use crate::common::mongo::{mongo_url, OwnServer, TestMongo};
 use crate::common::{
-    claim_request, finish, relaybus, runtime, stderr, stdout, wait_until, Spawned, TestSchema,
+    claim_request, finish, relaybus, stderr, stdout, wait_until, Spawned, TestSchema,
 };
 
 /// A command of the walk-through, on either engine.
@@ -188,7 +188,7 @@ fn a_restarted_worker_with_the_same_owner_name_does_not_adopt_live_lanes() {
     let m = TestMongo::new("restarted_owner");
     let dead = m.store(StoreOptions::worker(2));
     let restarted = m.store(StoreOptions::worker(2));
-    runtime().block_on(async {
+    crate::common::block_on(async {
         dead.setup(false).await.unwrap();
         dead.publish(&[event("e1", None)]).await.unwrap();
         let lease = Duration::from_millis(500);
@@ -219,7 +219,7 @@ fn followers_of_a_running_key_are_parked_and_released_one_at_a_time() {
             .map(|d| d.get_str("eventId").unwrap().to_owned())
             .collect::<Vec<_>>()
     };
-    runtime().block_on(async {
+    crate::common::block_on(async {
         store.setup(false).await.unwrap();
         let events: Vec<NewEvent> = (0..30)
             .map(|i| event(&format!("e{i:02}"), Some("k")))
@@ -227,7 +227,7 @@ fn followers_of_a_running_key_are_parked_and_released_one_at_a_time() {
         store.publish(&events).await.unwrap();
     });
     let req = request("w", Duration::from_secs(30));
-    let first = runtime().block_on(store.claim(&req)).unwrap().0;
+    let first = crate::common::block_on(store.claim(&req)).unwrap().0;
     assert_eq!(first[0].event_id, "e00");
     assert_eq!(first.len(), 1);
     let expected: Vec<String> = (1..30).map(|i| format!("e{i:02}")).collect();
@@ -236,22 +236,21 @@ fn followers_of_a_running_key_are_parked_and_released_one_at_a_time() {
     assert_eq!(head[0].get_i32("holdsBack"), Ok(1));
     let mut token = first[0].token.clone();
     for i in 1..30 {
-        runtime().block_on(store.complete(&[token], false)).unwrap();
+        crate::common::block_on(store.complete(&[token], false)).unwrap();
         assert_eq!(parked().len(), 29 - i, "after e{:02} completed", i - 1);
-        let next = runtime()
-            .block_on(store.claim(&ClaimRequest {
-                outstanding: vec![],
-                ..req.clone()
-            }))
-            .unwrap()
-            .0;
+        let next = crate::common::block_on(store.claim(&ClaimRequest {
+            outstanding: vec![],
+            ..req.clone()
+        }))
+        .unwrap()
+        .0;
         assert_eq!(
             next.iter().map(|d| d.event_id.as_str()).collect::<Vec<_>>(),
             [format!("e{i:02}")]
         );
         token = next[0].token.clone();
     }
-    runtime().block_on(store.complete(&[token], false)).unwrap();
+    crate::common::block_on(store.complete(&[token], false)).unwrap();
     assert_eq!(m.find("deliveries", doc! {}).len(), 0);
 }
 
@@ -281,82 +280,12 @@ fn publish(m: &TestMongo, events: &[Value]) {
 #[test]
 fn three_workers_handle_keyed_and_unkeyed_deliveries_exactly_once_in_key_order() {
     let m = TestMongo::installed("mongo_exactly_once");
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("handled.log");
-    let mut per_key = HashMap::new();
-    let events: Vec<Value> = (0..200)
-        .map(|i| {
-            let key = (i % 3 != 0).then(|| format!("key-{}", i % 7));
-            let n = key.as_ref().map(|k| {
-                let c = per_key.entry(k.clone()).or_insert(0);
-                *c += 1;
-                *c
-            });
-            json!({"id": format!("ev-{i:03}"), "type": "t", "key": key,
-                   "handlers": ["alpha", "beta"], "payload": {"n": n}})
-        })
-        .collect();
-    publish(&m, &events);
-    let command = format!(
-        "n=$(sed -n 's/.*\"payload\":{{\"n\":\\([0-9]*\\)}}.*/\\1/p'); echo \"$RELAYBUS_HANDLER $RELAYBUS_EVENT_ID ${{RELAYBUS_KEY:--}} ${{n:--}} $RELAYBUS_ATTEMPT\" >> {}",
-        log.display()
+    three_workers_drain_exactly_once(
+        &|events| publish(&m, events),
+        &|args| spawn_worker(&m, args),
+        200,
+        7,
     );
-    let config = dir.path().join("handlers.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[handlers.alpha]\nexec = '''{command}'''\n\n[handlers.beta]\nexec = '''{command}'''\n"
-        ),
-    )
-    .unwrap();
-    let workers: Vec<Spawned> = (0..3)
-        .map(|_| {
-            spawn_worker(
-                &m,
-                &[
-                    "--config",
-                    config.to_str().unwrap(),
-                    "--drain",
-                    "--poll-interval",
-                    "50ms",
-                    "--concurrency",
-                    "8",
-                ],
-            )
-        })
-        .collect();
-    let mut handled = 0;
-    for w in workers {
-        let out = finish(w, Duration::from_secs(180));
-        assert!(out.status.success(), "{}", stderr(&out));
-        let summary = stdout(&out);
-        handled += summary
-            .strip_prefix("handled ")
-            .and_then(|r| r.split(',').next())
-            .unwrap()
-            .parse::<u64>()
-            .unwrap();
-        assert!(
-            summary.ends_with(", failed attempts 0, dead 0, lease lost 0, released 0\n"),
-            "{summary}"
-        );
-    }
-    assert_eq!(handled, 400);
-    let text = std::fs::read_to_string(&log).unwrap();
-    let mut seen: HashMap<(String, String), usize> = HashMap::new();
-    let mut last: HashMap<(String, String), u64> = HashMap::new();
-    for line in text.lines() {
-        let f: Vec<&str> = line.split(' ').collect();
-        assert_eq!((f.len(), f[4]), (5, "1"), "{line}");
-        *seen.entry((f[0].into(), f[1].into())).or_default() += 1;
-        if f[2] != "-" {
-            let n: u64 = f[3].parse().unwrap();
-            let prev = last.insert((f[0].into(), f[2].into()), n).unwrap_or(0);
-            assert_eq!(n, prev + 1, "per-key order of {} on {}", f[0], f[2]);
-        }
-    }
-    assert_eq!(seen.len(), 400);
-    assert!(seen.values().all(|&c| c == 1));
     assert_eq!(m.find("deliveries", doc! {}).len(), 0);
     assert_eq!(m.find("lanes", doc! { "owner": { "$ne": null } }).len(), 0);
 }
@@ -531,9 +460,9 @@ fn snapshot(m: &TestMongo) -> Vec<Document> {
 }
 
 fn index_names(m: &TestMongo) -> Vec<String> {
-    let mut names = runtime()
-        .block_on(async { m.collection("deliveries").list_index_names().await })
-        .unwrap();
+    let mut names =
+        crate::common::block_on(async { m.collection("deliveries").list_index_names().await })
+            .unwrap();
     names.sort();
     names
 }
@@ -627,7 +556,7 @@ fn upgrade_converts_the_0_1_fixture_and_a_second_run_changes_nothing() {
 fn a_conversion_that_stopped_halfway_is_finished_by_setup() {
     let m = TestMongo::with_fixture_0_1("mongo_halfway");
     // What a crash after the first batch of the first step leaves.
-    runtime().block_on(async {
+    crate::common::block_on(async {
         m.collection("deliveries")
             .update_one(
                 doc! { "_id": "d-3a" },
@@ -647,7 +576,7 @@ fn a_conversion_that_stopped_halfway_is_finished_by_setup() {
 #[test]
 fn upgrade_refuses_live_0_1_leases_unless_forced() {
     let m = TestMongo::with_fixture_0_1("mongo_live_leases");
-    runtime().block_on(async {
+    crate::common::block_on(async {
         m.collection("deliveries")
             .update_one(
                 doc! { "_id": "d-3a" },
@@ -675,7 +604,7 @@ fn upgrade_refuses_live_0_1_leases_unless_forced() {
 #[test]
 fn setup_check_sees_a_redefined_index_and_setup_repairs_it() {
     let m = TestMongo::installed("mongo_redefined");
-    runtime().block_on(async {
+    crate::common::block_on(async {
         let deliveries = m.collection("deliveries");
         deliveries.drop_index("dead_updated").await.unwrap();
         deliveries
@@ -774,7 +703,7 @@ fn a_publish_wakes_an_idle_worker_through_the_change_stream() {
         ],
     );
     let wake_ups = || {
-        let scrape = runtime().block_on(async {
+        let scrape = crate::common::block_on(async {
             match reqwest::get(format!("http://{addr}/metrics")).await {
                 Ok(r) => r.text().await.unwrap_or_default(),
                 Err(_) => String::new(),
@@ -899,7 +828,7 @@ fn connection_failures_say_what_failed_in_one_sentence() {
         )
     );
     let server = OwnServer::start(&[]);
-    runtime().block_on(async {
+    crate::common::block_on(async {
         let client = mongodb::Client::with_uri_str(server.url("")).await.unwrap();
         let user = doc! { "createUser": "app", "pwd": "right", "roles": ["root"] };
         client.database("admin").run_command(user).await.unwrap();

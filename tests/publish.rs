@@ -198,7 +198,7 @@ fn eight_concurrent_publishers_get_gapless_per_key_sequences_in_their_own_order(
     let limits = EventLimits {
         max_payload_bytes: 1 << 20,
     };
-    runtime().block_on(async {
+    crate::common::block_on(async {
         let mut tasks = vec![];
         for p in 0..8 {
             let store = open_store(&s, StoreOptions::publisher());
@@ -481,8 +481,7 @@ fn a_failing_line_is_named_with_what_was_committed_before_it() {
 fn a_publish_that_races_another_for_an_id_runs_again_and_adds_only_new_handlers() {
     let s = TestSchema::installed("publish_race");
     let other = connect();
-    runtime()
-        .block_on(other.batch_execute(&format!(
+    crate::common::block_on(other.batch_execute(&format!(
             "BEGIN; \
              INSERT INTO {} (id, type, payload, handlers) VALUES ('e1', 't', '{{\"n\": 1}}', '{{a}}'); \
              INSERT INTO {} (id, event_id, handler, lane) VALUES ('other', 'e1', 'a', 0)",
@@ -519,8 +518,8 @@ fn a_publish_that_races_another_for_an_id_runs_again_and_adds_only_new_handlers(
             ) == 1
         },
     );
-    runtime().block_on(other.batch_execute("COMMIT")).unwrap();
-    let published = runtime().block_on(publish).unwrap().unwrap();
+    crate::common::block_on(other.batch_execute("COMMIT")).unwrap();
+    let published = crate::common::block_on(publish).unwrap().unwrap();
     let pairs: Vec<_> = published
         .iter()
         .map(|d| format!("{} {}", d.event_id, d.handler))

@@ -1,6 +1,5 @@
 //! relaybus run: real worker processes, real shell commands, a real HTTP server.
 
-use std::collections::HashMap;
 use std::process::Command as StdCommand;
 use std::time::Duration;
 
@@ -10,10 +9,10 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::common::cluster::TestCluster;
+use crate::common::drain::three_workers_drain_exactly_once;
 use crate::common::http::serve;
 use crate::common::{
-    finish, reads_of, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, Spawned,
-    TestSchema,
+    finish, reads_of, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, TestSchema,
 };
 
 /// `count` unkeyed events for handler `h` whose ids fall in lanes 0 to `lanes` - 1.
@@ -55,88 +54,11 @@ fn table_stats(s: &TestSchema, table: &str) -> (i64, i64, i64, i64) {
 #[test]
 fn three_workers_handle_3000_deliveries_exactly_once_in_key_order() {
     let s = TestSchema::installed("run_exactly_once");
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("handled.log");
-    let mut lines = vec![];
-    let mut per_key = HashMap::new();
-    for i in 0..1500 {
-        let key = (i % 3 != 0).then(|| format!("key-{}", i % 20));
-        let n = key.as_ref().map(|k| {
-            let c = per_key.entry(k.clone()).or_insert(0);
-            *c += 1;
-            *c
-        });
-        lines.push(event(
-            &format!("ev-{i:04}"),
-            key.as_deref(),
-            &["alpha", "beta"],
-            serde_json::json!({"n": n}),
-        ));
-    }
-    publish(&s, &lines);
-    let config = dir.path().join("handlers.toml");
-    // Each line is shorter than PIPE_BUF, so appends from concurrent processes never interleave.
-    let command = format!(
-        "n=$(sed -n 's/.*\"payload\":{{\"n\":\\([0-9]*\\)}}.*/\\1/p'); echo \"$RELAYBUS_HANDLER $RELAYBUS_EVENT_ID ${{RELAYBUS_KEY:--}} ${{n:--}} $RELAYBUS_ATTEMPT\" >> {}",
-        log.display()
-    );
-    std::fs::write(
-        &config,
-        format!(
-            "[handlers.alpha]\nexec = '''{command}'''\n\n[handlers.beta]\nexec = '''{command}'''\n"
-        ),
-    )
-    .unwrap();
-    let workers: Vec<Spawned> = (0..3)
-        .map(|_| {
-            spawn_worker(
-                &s,
-                &[
-                    "--config",
-                    config.to_str().unwrap(),
-                    "--drain",
-                    "--poll-interval",
-                    "50ms",
-                    "--concurrency",
-                    "8",
-                ],
-            )
-        })
-        .collect();
-    let mut handled = 0;
-    for w in workers {
-        let out = finish(w, Duration::from_secs(120));
-        assert!(out.status.success(), "{}", stderr(&out));
-        let summary = stdout(&out);
-        let n: u64 = summary
-            .strip_prefix("handled ")
-            .and_then(|r| r.split(',').next())
-            .unwrap()
-            .parse()
-            .unwrap();
-        handled += n;
-        assert!(
-            summary.ends_with(", failed attempts 0, dead 0, lease lost 0, released 0\n"),
-            "{summary}"
-        );
-    }
-    assert_eq!(handled, 3000);
-    let text = std::fs::read_to_string(&log).unwrap();
-    let mut seen: HashMap<(String, String), usize> = HashMap::new();
-    let mut last: HashMap<(String, String), u64> = HashMap::new();
-    for line in text.lines() {
-        let f: Vec<&str> = line.split(' ').collect();
-        assert_eq!(f.len(), 5, "{line}");
-        assert_eq!(f[4], "1", "first attempt only: {line}");
-        *seen.entry((f[0].into(), f[1].into())).or_default() += 1;
-        if f[2] != "-" {
-            let n: u64 = f[3].parse().unwrap();
-            let prev = last.insert((f[0].into(), f[2].into()), n).unwrap_or(0);
-            assert_eq!(n, prev + 1, "per-key order of {} on {}", f[0], f[2]);
-        }
-    }
-    assert_eq!(seen.len(), 3000);
-    assert!(seen.values().all(|&c| c == 1));
+    let publish = |events: &[serde_json::Value]| {
+        let lines: Vec<String> = events.iter().map(|e| e.to_string()).collect();
+        publish(&s, &lines);
+    };
+    three_workers_drain_exactly_once(&publish, &|args| spawn_worker(&s, args), 1500, 20);
     assert_eq!(
         s.count(&format!("SELECT count(*) FROM {}", s.table("deliveries"))),
         0

@@ -198,13 +198,12 @@ fn lane_hash_is_the_same_in_rust_and_sql() {
         "0195c2a0-7f4e-7cc1-a1c4-5d41402abc4b",
     ];
     for v in vectors {
-        let sql: i16 = crate::common::runtime()
-            .block_on(s.client.query_one(
-                &format!("SELECT \"{}\".relaybus_lane_of($1)", s.name),
-                &[&v],
-            ))
-            .unwrap()
-            .get(0);
+        let sql: i16 = crate::common::block_on(s.client.query_one(
+            &format!("SELECT \"{}\".relaybus_lane_of($1)", s.name),
+            &[&v],
+        ))
+        .unwrap()
+        .get(0);
         assert_eq!(
             sql,
             relaybus::store::lane::lane_of(Some(v), "x"),
@@ -585,19 +584,18 @@ fn a_lock_timeout_names_the_blocking_session_and_changes_nothing() {
     let s = TestSchema::with_fixture_0_1("lock_timeout");
     let before = snapshot(&s);
     let blocker = crate::common::connect();
-    let pid: i32 = crate::common::runtime()
-        .block_on(async {
-            blocker
-                .batch_execute(&format!(
-                    "BEGIN; LOCK TABLE {} IN ACCESS SHARE MODE",
-                    s.table("events")
-                ))
-                .await
-                .unwrap();
-            blocker.query_one("SELECT pg_backend_pid()", &[]).await
-        })
-        .unwrap()
-        .get(0);
+    let pid: i32 = crate::common::block_on(async {
+        blocker
+            .batch_execute(&format!(
+                "BEGIN; LOCK TABLE {} IN ACCESS SHARE MODE",
+                s.table("events")
+            ))
+            .await
+            .unwrap();
+        blocker.query_one("SELECT pg_backend_pid()", &[]).await
+    })
+    .unwrap()
+    .get(0);
     let out = s
         .cmd()
         .args(["--lock-timeout", "300ms", "upgrade", "--yes"])
@@ -612,9 +610,7 @@ fn a_lock_timeout_names_the_blocking_session_and_changes_nothing() {
         "{err}"
     );
     assert!(err.contains("nothing was changed"), "{err}");
-    crate::common::runtime()
-        .block_on(blocker.batch_execute("ROLLBACK"))
-        .unwrap();
+    crate::common::block_on(blocker.batch_execute("ROLLBACK")).unwrap();
     assert_eq!(snapshot(&s), before);
 }
 

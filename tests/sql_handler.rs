@@ -7,8 +7,7 @@ use relaybus::store::{ClaimRequest, StatementOutcome, Store, StoreOptions};
 use serde_json::json;
 
 use crate::common::{
-    claim_request, finish, open_store, runtime, signal, spawn_worker, stderr, stdout, wait_until,
-    TestSchema,
+    claim_request, finish, open_store, signal, spawn_worker, stderr, stdout, wait_until, TestSchema,
 };
 
 /// A table of the test's schema that a handler's statement writes.
@@ -139,7 +138,7 @@ fn after_a_takeover_the_old_token_runs_nothing() {
         ..claim_request(owner, &["ledger"])
     };
     let minute = Duration::from_secs(60);
-    runtime().block_on(async {
+    crate::common::block_on(async {
         let (old, _) = store
             .claim(&request("w1", Duration::from_millis(100)))
             .await

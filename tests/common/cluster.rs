@@ -159,8 +159,7 @@ impl TestCluster {
             &format!("a session with {filter}"),
             Duration::from_secs(20),
             || {
-                pid = super::runtime()
-                    .block_on(client.query(&sql, &[]))
+                pid = super::block_on(client.query(&sql, &[]))
                     .ok()
                     .and_then(|rows| rows.first().map(|r| r.get(0)));
                 pid.is_some()
@@ -185,7 +184,7 @@ impl Drop for TestCluster {
 
 /// A client of this cluster.
 pub fn connect(url: &str) -> tokio_postgres::Client {
-    super::runtime().block_on(async {
+    super::block_on(async {
         let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
             .await
             .unwrap();

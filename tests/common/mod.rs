@@ -1,6 +1,7 @@
 //! Shared test fixtures: a throwaway schema per test and helpers to run the binary.
 
 pub mod cluster;
+pub mod drain;
 pub mod http;
 pub mod mongo;
 pub mod pgbouncer;
@@ -22,6 +23,17 @@ pub fn database_url() -> String {
     test_servers::postgres_url()
 }
 
+/// How long any one wait of a test on the runtime may take: a server that stops answering
+/// fails the test instead of hanging the run.
+pub const BLOCK_ON_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Runs `f` on the tests' runtime, failing the test once it takes longer than the bound.
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    runtime()
+        .block_on(async { tokio::time::timeout(BLOCK_ON_TIMEOUT, f).await })
+        .unwrap_or_else(|_| panic!("a wait of the test took longer than {BLOCK_ON_TIMEOUT:?}"))
+}
+
 pub fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(|| {
@@ -38,7 +50,7 @@ pub fn connect() -> Client {
 }
 
 fn connect_to(url: &str) -> Client {
-    runtime().block_on(async {
+    block_on(async {
         let (client, conn) = tokio_postgres::connect(url, NoTls)
             .await
             .expect("the test database is reachable (set RELAYBUS_TEST_DATABASE_URL)");
@@ -71,9 +83,7 @@ impl TestDatabase {
     pub fn new(test: &str) -> Self {
         let name = unique(test);
         let admin = connect();
-        runtime()
-            .block_on(admin.batch_execute(&format!("CREATE DATABASE \"{name}\"")))
-            .unwrap();
+        block_on(admin.batch_execute(&format!("CREATE DATABASE \"{name}\""))).unwrap();
         let base = database_url();
         let url = match base.rsplit_once('/') {
             Some((server, _)) => format!("{server}/{name}"),
@@ -86,7 +96,7 @@ impl TestDatabase {
 impl Drop for TestDatabase {
     fn drop(&mut self) {
         let admin = connect();
-        let _ = runtime().block_on(admin.batch_execute(&format!(
+        let _ = block_on(admin.batch_execute(&format!(
             "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
             self.name
         )));
@@ -110,8 +120,7 @@ impl TestSchema {
     pub fn in_database(test: &str, url: &str) -> Self {
         let name = unique(test);
         let client = connect_to(url);
-        runtime()
-            .block_on(client.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE")))
+        block_on(client.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE")))
             .unwrap();
         Self {
             name,
@@ -168,15 +177,11 @@ impl TestSchema {
     }
 
     pub fn exec(&self, sql: &str) {
-        runtime()
-            .block_on(self.client.batch_execute(sql))
-            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+        block_on(self.client.batch_execute(sql)).unwrap_or_else(|e| panic!("{sql}: {e:?}"));
     }
 
     pub fn query(&self, sql: &str) -> Vec<Row> {
-        runtime()
-            .block_on(self.client.query(sql, &[]))
-            .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+        block_on(self.client.query(sql, &[])).unwrap_or_else(|e| panic!("{sql}: {e:?}"))
     }
 
     /// Every row of a query as text, columns joined by `|`, NULL spelled out.
@@ -195,7 +200,7 @@ impl TestSchema {
 
 impl Drop for TestSchema {
     fn drop(&mut self) {
-        let _ = runtime().block_on(
+        let _ = block_on(
             self.client
                 .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name)),
         );
@@ -391,14 +396,13 @@ pub fn wait_in_flight(s: &TestSchema, n: i64) {
 pub fn upgrade_reports(store: &relaybus::store::AnyStore) -> Vec<(usize, Vec<u64>)> {
     use relaybus::store::Store;
     let reports = std::sync::Mutex::new(Vec::<(usize, Vec<u64>)>::new());
-    runtime()
-        .block_on(store.upgrade(false, &|at| {
-            let mut reports = reports.lock().unwrap();
-            match reports.last_mut() {
-                Some((step, rows)) if *step == at.step => rows.push(at.rows),
-                _ => reports.push((at.step, vec![at.rows])),
-            }
-        }))
-        .unwrap();
+    block_on(store.upgrade(false, &|at| {
+        let mut reports = reports.lock().unwrap();
+        match reports.last_mut() {
+            Some((step, rows)) if *step == at.step => rows.push(at.rows),
+            _ => reports.push((at.step, vec![at.rows])),
+        }
+    }))
+    .unwrap();
     reports.into_inner().unwrap()
 }

@@ -5,14 +5,14 @@ use assert_cmd::Command;
 use mongodb::bson::{doc, Bson, Document};
 use relaybus::store::{AnyStore, Namespace, StoreOptions};
 
-use super::{relaybus, runtime, unique};
+use super::{relaybus, unique};
 
 pub fn mongo_url() -> String {
     super::test_servers::mongodb_url()
 }
 
 fn client() -> mongodb::Client {
-    runtime().block_on(async {
+    super::block_on(async {
         mongodb::Client::with_uri_str(mongo_url())
             .await
             .expect("the MongoDB test server is reachable (set RELAYBUS_TEST_MONGODB_URL)")
@@ -47,7 +47,7 @@ impl TestMongo {
         let fixture: serde_json::Value =
             serde_json::from_str(include_str!("../../sql/fixtures/mongo-store-0.1.json")).unwrap();
         let db = m.client.database(&m.name);
-        runtime().block_on(async {
+        super::block_on(async {
             for (name, c) in fixture["collections"].as_object().unwrap() {
                 let collection = format!("relaybus_{name}");
                 db.create_collection(&collection).await.unwrap();
@@ -107,7 +107,7 @@ impl TestMongo {
     /// Every document of a collection matching `filter`, in `_id` order.
     pub fn find(&self, name: &str, filter: Document) -> Vec<Document> {
         use futures_util::TryStreamExt;
-        runtime().block_on(async {
+        super::block_on(async {
             self.collection(name)
                 .find(filter)
                 .sort(mongodb::bson::doc! { "_id": 1 })
@@ -122,7 +122,7 @@ impl TestMongo {
 
 impl Drop for TestMongo {
     fn drop(&mut self) {
-        let _ = runtime().block_on(async { self.client.database(&self.name).drop().await });
+        let _ = super::block_on(async { self.client.database(&self.name).drop().await });
     }
 }
 

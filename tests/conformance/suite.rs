@@ -7,7 +7,7 @@ use relaybus::store::lane::lane_of;
 use relaybus::store::{
     purge, ClaimRequest, ClaimedDelivery, DeliveryFilter, DeliveryRow, DeliveryStatus, EventLimits,
     FailOutcome, Failure, LeaseToken, LiveLeases, NewEvent, PublishedDelivery, PurgeCounts,
-    PurgeOptions, RequeueSelector, SchemaStatus, Store,
+    PurgeOptions, RequeueSelector, SchemaStatus, Store, StoreError,
 };
 use serde_json::json;
 
@@ -171,6 +171,40 @@ pub(crate) async fn publish_adds_deliveries_only_for_handlers_an_event_never_had
     assert!(s.show_event("nope").await.unwrap().is_none());
 }
 
+/// A republish says the same as the first publish when its numbers have the same value,
+/// however they are written (`1.5`, `1.50`): as JSON, and as PostgreSQL's jsonb compares them.
+pub(crate) async fn a_republish_with_a_number_written_otherwise_is_the_same_event<S: Store>(s: &S) {
+    installed(s).await;
+    let priced = |price: &str, handlers: &[&str]| {
+        let payload = serde_json::from_str(&format!(r#"{{"price": {price}, "qty": [1e1]}}"#));
+        NewEvent::new(
+            "e1".into(),
+            "order.paid".into(),
+            None,
+            payload.unwrap(),
+            Default::default(),
+            handlers.iter().map(|h| h.to_string()).collect(),
+            &EventLimits {
+                max_payload_bytes: 1 << 20,
+            },
+        )
+        .unwrap()
+    };
+    assert_eq!(
+        publish(s, &[priced("1.50", &["a"])]).await,
+        [("e1".into(), "a".into())]
+    );
+    let again = NewEvent {
+        payload: json!({"qty": [10], "price": 1.5}),
+        ..priced("1.5", &["a", "b"])
+    };
+    assert_eq!(publish(s, &[again]).await, [("e1".into(), "b".into())]);
+    let refused = s.publish(&[priced("1.51", &["a"])]).await.unwrap_err();
+    assert!(
+        matches!(&refused, StoreError::ConflictingEvent { id, .. } if id == "e1"),
+        "{refused}"
+    );
+}
 pub(crate) async fn keyed_events_get_gapless_sequences_in_publish_order_and_their_key_s_lane<
     S: Store,
 >(

@@ -52,19 +52,51 @@ fn number(n: &Number) -> Result<Bson, String> {
 /// Whether two texts of a number say the same decimal, digit for digit (`1E+2` and `1e2`, but
 /// not `1.5` and `1.50`): their sign, coefficient and exponent.
 fn same_number(a: &str, b: &str) -> bool {
-    fn parts(s: &str) -> Option<(bool, String, i64)> {
-        let (negative, s) = s.strip_prefix('-').map_or((false, s), |rest| (true, rest));
-        let (mantissa, exponent) = match s.split_once(['e', 'E']) {
-            Some((m, e)) => (m, e.parse::<i64>().ok()?),
-            None => (s, 0),
-        };
-        let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-        let digits = format!("{int}{frac}");
-        let digits = digits.trim_start_matches('0');
-        let digits = if digits.is_empty() { "0" } else { digits };
-        Some((negative, digits.to_owned(), exponent - frac.len() as i64))
+    decimal(a).is_some() && decimal(a) == decimal(b)
+}
+
+/// A number's text as sign, digits and exponent.
+fn decimal(s: &str) -> Option<(bool, String, i64)> {
+    let (negative, s) = s.strip_prefix('-').map_or((false, s), |rest| (true, rest));
+    let (mantissa, exponent) = match s.split_once(['e', 'E']) {
+        Some((m, e)) => (m, e.parse::<i64>().ok()?),
+        None => (s, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let digits = format!("{int}{frac}");
+    let digits = digits.trim_start_matches('0');
+    let digits = if digits.is_empty() { "0" } else { digits };
+    Some((negative, digits.to_owned(), exponent - frac.len() as i64))
+}
+
+/// Whether two JSON values are equal as PostgreSQL's jsonb compares them: numbers by value
+/// (`1.5` and `1.50` are one number), objects whatever their keys' order.
+pub(super) fn same_value(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            value_of(&x.to_string()).is_some_and(|v| Some(v) == value_of(&y.to_string()))
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_value(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_value(v, w)))
+        }
+        _ => a == b,
     }
-    parts(a).is_some() && parts(a) == parts(b)
+}
+
+/// A number's value: its decimal without trailing zeros, and zero without a sign.
+fn value_of(text: &str) -> Option<(bool, String, i64)> {
+    let (negative, digits, exponent) = decimal(text)?;
+    let trimmed = digits.trim_end_matches('0');
+    if trimmed.is_empty() {
+        return Some((false, "0".into(), 0));
+    }
+    let exponent = exponent + (digits.len() - trimmed.len()) as i64;
+    Some((negative, trimmed.to_owned(), exponent))
 }
 
 /// A stored value as JSON. Types relaybus never writes (dates, ids of other writers) become
@@ -97,6 +129,25 @@ pub(super) fn object(doc: &Document) -> Map<String, Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn values_are_equal_as_jsonb_compares_them() {
+        let same = |a: &str, b: &str| {
+            let (a, b): (Value, Value) = (
+                serde_json::from_str(a).unwrap(),
+                serde_json::from_str(b).unwrap(),
+            );
+            same_value(&a, &b)
+        };
+        assert!(same(
+            r#"{"p": 1.50, "q": [1e2, 0.0]}"#,
+            r#"{"q": [100, -0], "p": 1.5}"#
+        ));
+        assert!(!same(r#"{"p": 1.50}"#, r#"{"p": 1.51}"#));
+        assert!(!same(r#"{"p": 1.5}"#, r#"{"p": "1.5"}"#));
+        assert!(!same(r#"[1, 2]"#, r#"[2, 1]"#));
+        assert!(!same(r#"{"a": 1}"#, r#"{"a": 1, "b": 2}"#));
+    }
 
     #[test]
     fn numbers_keep_their_digits_through_bson() {
