@@ -2,6 +2,7 @@
 //! check needs; and the raw floor beside it.
 
 use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::cells::{Cell, Config, Keys};
@@ -223,18 +224,7 @@ impl Coordinator {
         let (reports, max_backlog) = tokio::join!(self.workers(binary, plans), watch);
         let reports = reports?;
         let counters = self.counters_after(store, &before).await?;
-        // Commit time of every event, and whether it counts: latencies are those of
-        // events committed inside the window, not of the warm-up's.
-        let mut committed: HashMap<String, (u64, bool)> = HashMap::new();
-        for f in &pub_files {
-            for line in std::fs::read_to_string(f)?.lines() {
-                let p: Vec<&str> = line.split('\t').collect();
-                let [id, t, in_window] = p[..] else {
-                    return Err("bad publisher record".into());
-                };
-                committed.insert(id.to_owned(), (t.parse()?, in_window == "1"));
-            }
-        }
+        let committed = commit_times(&pub_files)?;
         let expected: Vec<Expected> = committed
             .keys()
             .map(|id| (id.clone(), "h0".into(), 0))
@@ -243,20 +233,7 @@ impl Coordinator {
         let dead = store.delivery_counts().await?.dead;
         let files = [disp_file];
         let exactness = exactness::check(&files, &expected, &pending, dead, Keys::None, false)?;
-        let mut latencies: Vec<u64> = vec![];
-        for line in std::fs::read_to_string(&files[0])?.lines() {
-            let parts: Vec<&str> = line.split('\t').collect();
-            if let (Some((c, true)), Ok(t)) = (committed.get(parts[0]), parts[3].parse::<u64>()) {
-                latencies.push(t.saturating_sub(*c));
-            }
-        }
-        latencies.sort_unstable();
-        let latency = Latency {
-            p50_ms: percentile(&latencies, 0.5) / 1000.0,
-            p95_ms: percentile(&latencies, 0.95) / 1000.0,
-            p99_ms: percentile(&latencies, 0.99) / 1000.0,
-            max_backlog,
-        };
+        let latency = latency(&files[0], &committed, max_backlog)?;
         // Throughput of a mixed cell is what was accepted: the publishers' events.
         let published: Vec<WorkerReport> = reports.into_iter().take(publishers as usize).collect();
         Ok(Measured {
@@ -316,4 +293,42 @@ impl Coordinator {
             })
             .sum())
     }
+}
+
+/// The commit time of every event the publishers recorded, and whether it counts: latencies
+/// are those of events committed inside the window, not of the warm-up's.
+fn commit_times(files: &[PathBuf]) -> Result<HashMap<String, (u64, bool)>, Error> {
+    let mut committed = HashMap::new();
+    for f in files {
+        for line in std::fs::read_to_string(f)?.lines() {
+            let p: Vec<&str> = line.split('\t').collect();
+            let [id, t, in_window] = p[..] else {
+                return Err("bad publisher record".into());
+            };
+            committed.insert(id.to_owned(), (t.parse()?, in_window == "1"));
+        }
+    }
+    Ok(committed)
+}
+
+/// Commit-to-handler latencies of the events committed inside the window.
+fn latency(
+    handled: &Path,
+    committed: &HashMap<String, (u64, bool)>,
+    max_backlog: i64,
+) -> Result<Latency, Error> {
+    let mut latencies: Vec<u64> = vec![];
+    for line in std::fs::read_to_string(handled)?.lines() {
+        let parts: Vec<&str> = line.split('\t').collect();
+        if let (Some((c, true)), Ok(t)) = (committed.get(parts[0]), parts[3].parse::<u64>()) {
+            latencies.push(t.saturating_sub(*c));
+        }
+    }
+    latencies.sort_unstable();
+    Ok(Latency {
+        p50_ms: percentile(&latencies, 0.5) / 1000.0,
+        p95_ms: percentile(&latencies, 0.95) / 1000.0,
+        p99_ms: percentile(&latencies, 0.99) / 1000.0,
+        max_backlog,
+    })
 }

@@ -271,6 +271,35 @@ impl Coordinator {
         (deliveries as u64 / u64::from(handlers)).max(10_000)
     }
 
+    /// Every sample of the cells: in each round every cell with each binary, the two
+    /// alternating (A, B, then B, A) so that a machine that drifts weighs on both. `each` hears
+    /// of a sample before it is measured (`None`) and after (`Some`).
+    pub async fn run(
+        &mut self,
+        mut each: impl FnMut(Cell, &Path, Option<&Sample>),
+    ) -> Result<Vec<Sample>, Error> {
+        let (base, candidate) = (self.opts.base.clone(), self.opts.candidate.clone());
+        let mut samples = vec![];
+        for round in 1..=self.opts.samples {
+            for cell in self.opts.cells.clone() {
+                let mut binaries = vec![base.clone()];
+                if let Some(c) = &candidate {
+                    binaries.push(c.clone());
+                    if round % 2 == 0 {
+                        binaries.reverse();
+                    }
+                }
+                for binary in binaries {
+                    each(cell, &binary, None);
+                    let sample = self.sample(cell, &binary, round).await?;
+                    each(cell, &binary, Some(&sample));
+                    samples.push(sample);
+                }
+            }
+        }
+        Ok(samples)
+    }
+
     /// One sample of one cell with one binary.
     pub async fn sample(&mut self, cell: Cell, binary: &Path, index: u32) -> Result<Sample, Error> {
         let spin_ms = spin();

@@ -177,15 +177,21 @@ pub fn ratios(samples: &[Sample], base: &str) -> Vec<(String, Vec<f64>)> {
         .collect()
 }
 
+/// The middle value, or the mean of the two middle ones: of two pairs whose ratios are 0.95 and
+/// 1.20 it is 1.075, not either.
 pub fn median(v: &[f64]) -> Option<f64> {
     let mut v = v.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));
-    (!v.is_empty()).then(|| v[v.len() / 2])
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
 }
 
 /// `report.md`: one table of throughput and the counters per unit, then the comparison.
 pub fn markdown(opts: &BenchOptions, samples: &[Sample]) -> String {
-    let limit = noise_limit(samples);
     let mut md = String::new();
     let _ = writeln!(md, "# relaybus bench\n");
     let _ = writeln!(
@@ -198,13 +204,29 @@ pub fn markdown(opts: &BenchOptions, samples: &[Sample]) -> String {
         opts.window.as_millis(),
         opts.samples
     );
+    samples_table(&mut md, samples);
+    rows_table(&mut md, samples);
+    if let Some(candidate) = &opts.candidate {
+        let _ = writeln!(
+            md,
+            "\n## {} / {}\n",
+            candidate.display(),
+            opts.base.display()
+        );
+        ratios_table(&mut md, samples, &opts.base.display().to_string());
+    }
+    md
+}
+
+/// A row per sample: its rate, floor, counters per unit, latency and verdict.
+fn samples_table(md: &mut String, samples: &[Sample]) {
+    let limit = noise_limit(samples);
     let columns = headlines(samples);
     let headings: String = columns.iter().map(|(h, _, _)| format!(" {h} |")).collect();
     let aligns = "---:|".repeat(columns.len());
     let _ = writeln!(md, "| cell | binary | throughput | floor | of floor | stmts/unit |{headings} latency / calls | exactness | spin ms |");
     let _ = writeln!(md, "|---|---|---:|---:|---:|---:|{aligns}---|---|---:|");
     for s in samples {
-        let u = s.units.max(1) as f64;
         let valid = s.exactness.as_ref().is_none_or(|e| e.valid);
         let extra = match (&s.latency, s.call_p50_ms) {
             (Some(l), _) => format!(
@@ -221,35 +243,36 @@ pub fn markdown(opts: &BenchOptions, samples: &[Sample]) -> String {
             .iter()
             .map(|(_, key, decimals)| format!(" {:.*} |", decimals, total_per_unit(s, key)))
             .collect();
+        let binary = Path::new(&s.binary)
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let throughput = if valid {
+            format!("{:.0} {}", s.throughput, unit(s))
+        } else {
+            "-".into()
+        };
+        let floor =
+            |f: &dyn Fn(f64) -> String| s.floor_throughput.map(f).unwrap_or_else(|| "-".into());
+        let spin = if s.spin_ms > limit {
+            format!("{:.0} (noisy)", s.spin_ms)
+        } else {
+            format!("{:.0}", s.spin_ms)
+        };
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {:.3} |{totals} {} | {} | {} |",
+            "| {} | {binary} | {throughput} | {} | {} | {:.3} |{totals} {extra} | {} | {spin} |",
             s.cell,
-            Path::new(&s.binary)
-                .file_name()
-                .map(|f| f.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            if valid {
-                format!("{:.0} {}", s.throughput, unit(s))
-            } else {
-                "-".into()
-            },
-            s.floor_throughput
-                .map(|f| format!("{f:.0}"))
-                .unwrap_or_else(|| "-".into()),
-            s.floor_throughput
-                .map(|f| format!("{:.2}", s.throughput / f.max(1.0)))
-                .unwrap_or_else(|| "-".into()),
-            s.statements as f64 / u,
-            extra,
+            floor(&|f| format!("{f:.0}")),
+            floor(&|f| format!("{:.2}", s.throughput / f.max(1.0))),
+            s.statements as f64 / s.units.max(1) as f64,
             verdict(s),
-            if s.spin_ms > limit {
-                format!("{:.0} (noisy)", s.spin_ms)
-            } else {
-                format!("{:.0}", s.spin_ms)
-            }
         );
     }
+}
+
+/// Rows inserted, updated, HOT-updated and deleted per unit, per table.
+fn rows_table(md: &mut String, samples: &[Sample]) {
     let _ = writeln!(md, "\n## Rows written per unit\n");
     let _ = writeln!(md, "| cell | table | inserted | updated | HOT | deleted |");
     let _ = writeln!(md, "|---|---|---:|---:|---:|---:|");
@@ -269,30 +292,25 @@ pub fn markdown(opts: &BenchOptions, samples: &[Sample]) -> String {
             }
         }
     }
-    if let Some(candidate) = &opts.candidate {
-        let _ = writeln!(
-            md,
-            "\n## {} / {}\n",
-            candidate.display(),
-            opts.base.display()
-        );
-        let _ = writeln!(md, "| cell | pairs | median | min | max |");
-        let _ = writeln!(md, "|---|---:|---:|---:|---:|");
-        for (cell, r) in ratios(samples, &opts.base.display().to_string()) {
-            let (lo, hi) = r
-                .iter()
-                .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
-            match median(&r) {
-                Some(m) => {
-                    let _ = writeln!(md, "| {cell} | {} | {m:.3} | {lo:.3} | {hi:.3} |", r.len());
-                }
-                None => {
-                    let _ = writeln!(md, "| {cell} | 0 | - | - | - |");
-                }
+}
+
+/// The candidate's rate over the base's, per cell, over the pairs.
+fn ratios_table(md: &mut String, samples: &[Sample], base: &str) {
+    let _ = writeln!(md, "| cell | pairs | median | min | max |");
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|");
+    for (cell, r) in ratios(samples, base) {
+        let (lo, hi) = r
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
+        match median(&r) {
+            Some(m) => {
+                let _ = writeln!(md, "| {cell} | {} | {m:.3} | {lo:.3} | {hi:.3} |", r.len());
+            }
+            None => {
+                let _ = writeln!(md, "| {cell} | 0 | - | - | - |");
             }
         }
     }
-    md
 }
 
 #[cfg(test)]
@@ -334,7 +352,9 @@ mod tests {
         let r = ratios(&samples, "a");
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].1, vec![1.1, 1.2]);
-        assert_eq!(median(&r[0].1), Some(1.2));
+        // Of two ratios, the median is their mean.
+        assert!((median(&r[0].1).unwrap() - 1.15).abs() < 1e-9);
+        assert_eq!(median(&[0.9, 1.3, 1.0]), Some(1.0));
         // With only one clean pair left, every pair counts.
         samples.truncate(4);
         assert_eq!(ratios(&samples, "a")[0].1, vec![1.1, 3.0]);

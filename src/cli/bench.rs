@@ -10,9 +10,9 @@ use clap::{Args, ValueEnum};
 
 use super::output::{confirm, declined};
 use super::{within, GlobalArgs, Output};
-use crate::bench::cells::presets;
+use crate::bench::cells::{presets, Cell};
 use crate::bench::worker::{self, WorkerPlan};
-use crate::bench::{report, BenchOptions, Coordinator};
+use crate::bench::{report, BenchOptions, Coordinator, Sample};
 use crate::bounds::Bounds;
 
 /// Measure publish and dispatch throughput, mixed-load latency and the database's
@@ -103,55 +103,13 @@ pub(super) async fn run_worker(out: &Output) -> Result<ExitCode> {
 }
 
 pub(super) async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<ExitCode> {
-    let mut cells = presets();
-    if let Some(scenario) = a.scenario {
-        let name = format!("{scenario:?}").to_lowercase();
-        cells.retain(|c| c.scenario() == name);
-    }
-    if !a.cells.is_empty() {
-        for wanted in &a.cells {
-            if !cells.iter().any(|c| c.to_string() == *wanted) {
-                super::usage!("no cell `{wanted}`; `relaybus bench --list` shows them");
-            }
-        }
-        cells.retain(|c| a.cells.contains(&c.to_string()));
-    }
+    let cells = selected(&a)?;
     if a.list {
-        if out.json {
-            let list: Vec<_> = cells
-                .iter()
-                .map(|c| serde_json::json!({"cell": c.to_string(), "scenario": c.scenario(), "description": c.describe()}))
-                .collect();
-            out.print_json(&list)?;
-        } else {
-            let rows: Vec<Vec<String>> = cells
-                .iter()
-                .map(|c| vec![c.to_string(), c.describe()])
-                .collect();
-            out.table(&["CELL", "WHAT IT MEASURES"], &rows)?;
-        }
+        list(out, &cells)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let base = std::env::current_exe().context("could not find this binary")?;
-    let candidate = match &a.compare {
-        Some(p) => Some(
-            std::fs::canonicalize(p).with_context(|| format!("no binary at `{}`", p.display()))?,
-        ),
-        None => None,
-    };
-    let opts = BenchOptions {
-        cells: cells.clone(),
-        samples: a.samples,
-        warmup: a.warmup,
-        window: a.window,
-        backlog: a.backlog,
-        base: base.clone(),
-        candidate: candidate.clone(),
-        database_url: g.url()?,
-        prefix: g.namespace()?.prefix().to_owned(),
-        prepared_statements: !g.no_prepared_statements,
-        floor: !a.no_floor,
-    };
+    let opts = options(g, &a, &cells)?;
+    let (base, candidate) = (opts.base.clone(), opts.candidate.clone());
     let mut coordinator = Coordinator::new(opts).map_err(bench_error)?;
     let env = coordinator.environment().await.map_err(bench_error)?;
     let stores = coordinator.stores().await.map_err(bench_error)?;
@@ -165,80 +123,35 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<Ex
             return declined();
         }
     }
-    let mut samples = vec![];
     let total = cells.len() as u32 * a.samples * if candidate.is_some() { 2 } else { 1 };
     let bar = out.progress(Some(u64::from(total)), "samples");
-    for i in 0..a.samples {
-        for cell in &cells {
-            let mut binaries = vec![base.clone()];
-            if let Some(c) = &candidate {
-                binaries.push(c.clone());
-                if i % 2 == 1 {
-                    binaries.reverse();
-                }
-            }
-            for binary in binaries {
+    let mut current = None;
+    let samples = coordinator
+        .run(|cell, binary, done| match done {
+            None => {
+                current = Some(cell);
                 bar.set_message(format!("{cell} ({})", binary.display()));
-                let sample = coordinator
-                    .sample(*cell, &binary, i + 1)
-                    .await
-                    .map_err(bench_error)
-                    .with_context(|| cell.to_string())?;
+            }
+            Some(sample) => {
                 if !out.json {
-                    bar.suspend(|| out.line(report::line(&sample)))?;
+                    // A line that cannot be written does not stop the samples; the summary
+                    // written after them reports the error.
+                    let _ = bar.suspend(|| out.line(report::line(sample)));
                 }
                 bar.inc(1);
-                samples.push(sample);
             }
-        }
-    }
-    let limit = report::noise_limit(&samples);
-    let noisy: Vec<String> = samples
-        .iter()
-        .filter(|s| s.spin_ms > limit)
-        .map(|s| format!("{} #{}", s.cell, s.sample))
-        .collect();
-    if !noisy.is_empty() && !out.json {
-        out.line(format!(
-            "noisy (CPU spin over 1.25x the quietest): {}",
-            noisy.join(", ")
-        ))?;
-    }
-    if let Some(c) = candidate.as_ref().filter(|_| !out.json) {
-        for (cell, r) in report::ratios(&samples, &base.display().to_string()) {
-            if let Some(m) = report::median(&r) {
-                out.line(format!(
-                    "{cell}: {} / base median {m:.3} over {} pairs",
-                    c.display(),
-                    r.len()
-                ))?;
-            }
-        }
+        })
+        .await
+        .map_err(bench_error)
+        .with_context(|| current.map(|c| c.to_string()).unwrap_or_default())?;
+    if !out.json {
+        summarize(out, &samples, &base, candidate.as_deref())?;
     }
     if out.json {
         out.print_json(&samples)?;
     }
     if let Some(dir) = &a.out {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("could not create `{}`", dir.display()))?;
-        std::fs::write(
-            dir.join("report.md"),
-            report::markdown(coordinator.options(), &samples),
-        )?;
-        let mut jsonl = std::fs::File::create(dir.join("samples.jsonl"))?;
-        for s in &samples {
-            writeln!(jsonl, "{}", serde_json::to_string(s)?)?;
-        }
-        let commit = std::process::Command::new("git")
-            .args(["rev-parse", "HEAD"])
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
-        let mut env = env;
-        env["commit"] = commit.into();
-        std::fs::write(dir.join("env.json"), serde_json::to_string_pretty(&env)?)?;
-        eprintln!("wrote {}", dir.display());
+        write_out(dir, &coordinator, &samples, env)?;
     }
     let invalid = samples
         .iter()
@@ -249,4 +162,125 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<Ex
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The cells, as `--list` shows them.
+fn list(out: &Output, cells: &[Cell]) -> Result<()> {
+    if out.json {
+        let list: Vec<_> = cells
+            .iter()
+            .map(|c| serde_json::json!({"cell": c.to_string(), "scenario": c.scenario(), "description": c.describe()}))
+            .collect();
+        out.print_json(&list)?;
+    } else {
+        let rows: Vec<Vec<String>> = cells
+            .iter()
+            .map(|c| vec![c.to_string(), c.describe()])
+            .collect();
+        out.table(&["CELL", "WHAT IT MEASURES"], &rows)?;
+    }
+    Ok(())
+}
+
+/// `--out DIR`: the report, the samples as JSON lines, and the environment with the commit.
+fn write_out(
+    dir: &std::path::Path,
+    coordinator: &Coordinator,
+    samples: &[Sample],
+    mut env: serde_json::Value,
+) -> Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("could not create `{}`", dir.display()))?;
+    std::fs::write(
+        dir.join("report.md"),
+        report::markdown(coordinator.options(), samples),
+    )?;
+    let mut jsonl = std::fs::File::create(dir.join("samples.jsonl"))?;
+    for s in samples {
+        writeln!(jsonl, "{}", serde_json::to_string(s)?)?;
+    }
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    env["commit"] = commit.into();
+    std::fs::write(dir.join("env.json"), serde_json::to_string_pretty(&env)?)?;
+    eprintln!("wrote {}", dir.display());
+    Ok(())
+}
+
+/// The cells of the quick set that `--scenario` and `--cell` select.
+fn selected(a: &BenchArgs) -> Result<Vec<Cell>> {
+    let mut cells = presets();
+    if let Some(scenario) = a.scenario {
+        let name = format!("{scenario:?}").to_lowercase();
+        cells.retain(|c| c.scenario() == name);
+    }
+    if !a.cells.is_empty() {
+        for wanted in &a.cells {
+            if !cells.iter().any(|c| c.to_string() == *wanted) {
+                super::usage!("no cell `{wanted}`; `relaybus bench --list` shows them");
+            }
+        }
+        cells.retain(|c| a.cells.contains(&c.to_string()));
+    }
+    Ok(cells)
+}
+
+fn options(g: &GlobalArgs, a: &BenchArgs, cells: &[Cell]) -> Result<BenchOptions> {
+    let base = std::env::current_exe().context("could not find this binary")?;
+    let candidate = match &a.compare {
+        Some(p) => Some(
+            std::fs::canonicalize(p).with_context(|| format!("no binary at `{}`", p.display()))?,
+        ),
+        None => None,
+    };
+    Ok(BenchOptions {
+        cells: cells.to_vec(),
+        samples: a.samples,
+        warmup: a.warmup,
+        window: a.window,
+        backlog: a.backlog,
+        base,
+        candidate,
+        database_url: g.url()?,
+        prefix: g.namespace()?.prefix().to_owned(),
+        prepared_statements: !g.no_prepared_statements,
+        floor: !a.no_floor,
+    })
+}
+
+/// The noisy samples, and with `--compare` the median ratio of each cell's pairs.
+fn summarize(
+    out: &Output,
+    samples: &[Sample],
+    base: &std::path::Path,
+    candidate: Option<&std::path::Path>,
+) -> Result<()> {
+    let limit = report::noise_limit(samples);
+    let noisy: Vec<String> = samples
+        .iter()
+        .filter(|s| s.spin_ms > limit)
+        .map(|s| format!("{} #{}", s.cell, s.sample))
+        .collect();
+    if !noisy.is_empty() {
+        out.line(format!(
+            "noisy (CPU spin over 1.25x the quietest): {}",
+            noisy.join(", ")
+        ))?;
+    }
+    if let Some(c) = candidate {
+        for (cell, r) in report::ratios(samples, &base.display().to_string()) {
+            if let Some(m) = report::median(&r) {
+                out.line(format!(
+                    "{cell}: {} / base median {m:.3} over {} pairs",
+                    c.display(),
+                    r.len()
+                ))?;
+            }
+        }
+    }
+    Ok(())
 }

@@ -16,9 +16,11 @@ use super::{human, secret_file, within, GlobalArgs, Output};
 use crate::backoff::Backoff;
 use crate::config::{self, Defaults, HandlerConfig, Target};
 use crate::dispatch::{metrics, Reporter};
-use crate::dispatch::{worker_name, DispatchOptions, Dispatcher, RetryPolicy, Runner, Shutdown};
+use crate::dispatch::{
+    worker_name, DispatchOptions, Dispatcher, RetryPolicy, Runner, Shutdown, Summary,
+};
 use crate::handler::WebhookSecret;
-use crate::store::{Store, StoreOptions};
+use crate::store::{AnyStore, Store, StoreOptions};
 
 /// Run a worker: claim deliveries and hand them to shell commands, webhooks or SQL
 /// statements.
@@ -275,20 +277,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<E
     });
     let names: Vec<String> = handlers.iter().map(|h| h.name.clone()).collect();
     if let Some(addr) = args.metrics_addr {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("could not listen on {addr} for --metrics-addr"))?;
-        let endpoint = metrics::serve(
-            listener,
-            Arc::clone(&reporter),
-            Arc::clone(&store),
-            names.clone(),
-        );
-        tokio::spawn(async move {
-            if let Err(e) = endpoint.await {
-                tracing::error!(error = %e, "the metrics endpoint stopped");
-            }
-        });
+        serve_metrics(addr, &reporter, &store, &names).await?;
     }
     let (tx, rx) = watch::channel(Shutdown::Running);
     let signal = watch_signals(tx)?;
@@ -308,8 +297,48 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<E
     let summary = Dispatcher::new(Arc::clone(&store), options, handlers, reporter)
         .run(rx.clone())
         .await;
+    report(out, &store, &summary, args.drain, &names).await?;
+    Ok(if *rx.borrow() == Shutdown::Immediate {
+        ExitCode::from(128 + signal.load(Ordering::Relaxed) as u8)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `addr` for as long as the worker runs.
+async fn serve_metrics(
+    addr: std::net::SocketAddr,
+    reporter: &Arc<Reporter>,
+    store: &Arc<AnyStore>,
+    names: &[String],
+) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("could not listen on {addr} for --metrics-addr"))?;
+    let endpoint = metrics::serve(
+        listener,
+        Arc::clone(reporter),
+        Arc::clone(store),
+        names.to_vec(),
+    );
+    tokio::spawn(async move {
+        if let Err(e) = endpoint.await {
+            tracing::error!(error = %e, "the metrics endpoint stopped");
+        }
+    });
+    Ok(())
+}
+
+/// What the worker did, and after a drain what it left scheduled for later.
+async fn report(
+    out: &Output,
+    store: &AnyStore,
+    summary: &Summary,
+    drain: bool,
+    names: &[String],
+) -> Result<()> {
     // A drain ends when nothing is due; retries due later are left, and said so.
-    let scheduled = if args.drain {
+    let scheduled = if drain {
         let stats = store.stats().await?;
         let mine = stats.iter().filter(|s| names.contains(&s.handler));
         Some(mine.map(|s| s.scheduled).sum::<i64>())
@@ -330,9 +359,5 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<E
             summary.handled, summary.failed, summary.dead, summary.lease_lost, summary.released
         ))?;
     }
-    Ok(if *rx.borrow() == Shutdown::Immediate {
-        ExitCode::from(128 + signal.load(Ordering::Relaxed) as u8)
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(())
 }

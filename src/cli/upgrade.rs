@@ -10,7 +10,7 @@ use serde_json::json;
 use super::output::{confirm, declined};
 use super::{GlobalArgs, Output};
 use crate::store::{
-    schema_script, Engine, Namespace, SchemaStatus, Script, Store, StoreOptions, UpgradeCounts,
+    schema_script, AnyStore, Engine, SchemaStatus, Script, SetupOutcome, Store, StoreOptions,
     UpgradePlan, UpgradeProgress,
 };
 
@@ -36,48 +36,6 @@ pub struct UpgradeArgs {
     /// Convert even while 0.1 deliveries hold unexpired leases (their workers must be stopped).
     #[arg(long)]
     pub force: bool,
-}
-
-/// Event and delivery rows a PostgreSQL conversion rewrites per second: 200,000 events with
-/// 200,000 deliveries took 10.3 s, 50,000 with 50,000 took 2.3 s (`upgrade --yes` on the 2-core
-/// test server).
-const CONVERTED_ROWS_PER_SECOND: f64 = 40_000.0;
-
-/// How long a PostgreSQL conversion of these rows holds its locks, at that rate.
-fn expected_hold(c: &UpgradeCounts) -> f64 {
-    (c.events + c.deliveries) as f64 / CONVERTED_ROWS_PER_SECOND
-}
-
-fn describe_hold(seconds: f64) -> String {
-    match seconds {
-        s if s < 1.0 => "under a second".into(),
-        s if s < 120.0 => format!("about {s:.0} s"),
-        s => format!("about {:.0} min", s / 60.0),
-    }
-}
-
-/// What the conversion locks, and so what waits while it runs, and for how long it expects to.
-fn locks(engine: Engine, ns: &Namespace, counts: &UpgradeCounts) -> (String, Option<f64>) {
-    match engine {
-        Engine::Postgres => {
-            let seconds = expected_hold(counts);
-            let text = format!(
-                "ACCESS EXCLUSIVE on {} and {} from the first step to the commit (one \
-                 transaction): every read and write of them waits until it ends, {} for these \
-                 rows at the rate of a 2-core server (a busy or slow server takes longer)",
-                ns.table("events"),
-                ns.table("deliveries"),
-                describe_hold(seconds),
-            );
-            (text, Some((seconds * 10.0).round() / 10.0))
-        }
-        Engine::Mongo => (
-            "none on the collections: the conversion runs in batches of 1,000 documents under \
-             relaybus's setup lock; stop 0.1 workers first"
-                .into(),
-            None,
-        ),
-    }
 }
 
 fn print_plan(out: &Output, plan: &UpgradePlan) -> Result<()> {
@@ -131,7 +89,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Resu
                 .into())
         }
     }
-    let (locks, hold) = locks(store.engine(), &ns, &plan.counts);
+    let (locks, hold) = (&plan.locks.what, plan.locks.expected_seconds);
     if !out.json {
         print_plan(out, &plan)?;
         out.paragraph(format!("locks: {locks}"), 2)?;
@@ -152,40 +110,10 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Resu
         return Ok(ExitCode::SUCCESS);
     }
     plan.live_leases.refuse_unless(args.force)?;
-    let backup = match store.engine() {
-        Engine::Postgres => "pg_dump",
-        Engine::Mongo => "mongodump",
-    };
-    // The warning goes on a line of its own, so that the question fits a terminal's line: a
-    // wrapped prompt is redrawn only in part once answered.
-    if !args.yes {
-        eprintln!("There is no down migration: take a backup first ({backup}).");
-    }
-    let question = format!("Convert {} from 0.1 to 0.2 in place?", ns.place());
-    if !confirm(&question, args.yes)? {
-        return declined();
-    }
     let started = Instant::now();
-    // One bar over the rows the steps rewrite; a step that rewrites none shows its name.
-    let rows: Vec<u64> = plan
-        .steps
-        .iter()
-        .map(|s| s.rows.map_or(0, |n| n.max(0) as u64))
-        .collect();
-    let bar = out.progress(Some(rows.iter().sum()), "rows");
-    let progress = |at: UpgradeProgress| {
-        let done: u64 = rows[..at.step - 1].iter().sum();
-        bar.set_position(done + at.rows.min(rows[at.step - 1]));
-        bar.set_message(format!(
-            "step {}/{} {}",
-            at.step,
-            rows.len(),
-            plan.steps[at.step - 1].name
-        ));
+    let Some(outcome) = convert(out, &store, &plan, &args).await? else {
+        return declined();
     };
-    let outcome = store.upgrade(args.force, &progress).await;
-    bar.finish_and_clear();
-    let outcome = outcome?;
     let seconds = started.elapsed().as_secs_f64();
     // Another upgrade may have held the setup lock and converted the store meanwhile.
     let applied = outcome.before == SchemaStatus::V01;
@@ -216,21 +144,45 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Resu
     Ok(ExitCode::SUCCESS)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_expected_hold_grows_with_the_rows_and_reads_in_seconds_or_minutes() {
-        let counts = |events, deliveries| UpgradeCounts {
-            events,
-            deliveries,
-            ..Default::default()
-        };
-        let said = |e, d| describe_hold(expected_hold(&counts(e, d)));
-        assert_eq!(said(6, 9), "under a second");
-        assert_eq!(said(200_000, 200_000), "about 10 s");
-        assert_eq!(said(1_000_000, 1_000_000), "about 50 s");
-        assert_eq!(said(10_000_000, 20_000_000), "about 12 min");
+/// Asks, then converts with a bar over the rows the steps rewrite; None when not confirmed.
+async fn convert(
+    out: &Output,
+    store: &AnyStore,
+    plan: &UpgradePlan,
+    args: &UpgradeArgs,
+) -> Result<Option<SetupOutcome>> {
+    let ns = store.namespace();
+    let backup = match store.engine() {
+        Engine::Postgres => "pg_dump",
+        Engine::Mongo => "mongodump",
+    };
+    // The warning goes on a line of its own, so that the question fits a terminal's line: a
+    // wrapped prompt is redrawn only in part once answered.
+    if !args.yes {
+        eprintln!("There is no down migration: take a backup first ({backup}).");
     }
+    let question = format!("Convert {} from 0.1 to 0.2 in place?", ns.place());
+    if !confirm(&question, args.yes)? {
+        return Ok(None);
+    }
+    // One bar over the rows the steps rewrite; a step that rewrites none shows its name.
+    let rows: Vec<u64> = plan
+        .steps
+        .iter()
+        .map(|s| s.rows.map_or(0, |n| n.max(0) as u64))
+        .collect();
+    let bar = out.progress(Some(rows.iter().sum()), "rows");
+    let progress = |at: UpgradeProgress| {
+        let done: u64 = rows[..at.step - 1].iter().sum();
+        bar.set_position(done + at.rows.min(rows[at.step - 1]));
+        bar.set_message(format!(
+            "step {}/{} {}",
+            at.step,
+            rows.len(),
+            plan.steps[at.step - 1].name
+        ));
+    };
+    let outcome = store.upgrade(args.force, &progress).await;
+    bar.finish_and_clear();
+    Ok(Some(outcome?))
 }

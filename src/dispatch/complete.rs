@@ -91,15 +91,34 @@ pub(super) struct Settings {
     pub(super) stopping: watch::Receiver<bool>,
 }
 
+/// The completer's loop, ready to start: it records what the `Completer` queues.
+pub(super) struct Recording<S> {
+    store: Arc<S>,
+    running: Arc<Running>,
+    rx: mpsc::UnboundedReceiver<(LeaseToken, Reply)>,
+    settings: Settings,
+}
+
+impl<S: Store> Recording<S> {
+    pub(super) fn start(self) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(run(self.store, self.running, self.rx, self.settings))
+    }
+}
+
 impl Completer {
-    pub(super) fn start<S: Store>(
+    pub(super) fn new<S: Store>(
         store: Arc<S>,
         running: Arc<Running>,
         settings: Settings,
-    ) -> (Completer, tokio::task::JoinHandle<()>) {
+    ) -> (Completer, Recording<S>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(run(store, running, rx, settings));
-        (Completer { tx }, task)
+        let recording = Recording {
+            store,
+            running,
+            rx,
+            settings,
+        };
+        (Completer { tx }, recording)
     }
 
     /// Queues a completion; its verdict comes with the batch it lands in.

@@ -17,7 +17,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::{Metric, Registry, Unit};
 
 use super::health::Health;
 use super::Reporter;
@@ -105,111 +105,99 @@ impl Drop for InFlight {
     }
 }
 
+/// The counters of deliveries that ended, by how, in the order of `Metrics::ended`.
+const ENDED: [(&str, &str); 5] = [
+    ("deliveries_handled", "Deliveries completed"),
+    (
+        "delivery_attempts_failed",
+        "Failed attempts rescheduled for a later attempt",
+    ),
+    ("deliveries_buried", "Deliveries buried as dead letters"),
+    (
+        "deliveries_lease_lost",
+        "Outcomes refused because another worker had taken the lane over",
+    ),
+    (
+        "deliveries_released",
+        "Deliveries handed back without an attempt, their handler not started",
+    ),
+];
+
+fn registered<M: Metric + Clone>(r: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    r.register(name, help, metric.clone());
+    metric
+}
+
+fn in_seconds<M: Metric + Clone>(r: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    r.register_with_unit(name, help, Unit::Seconds, metric.clone());
+    metric
+}
+
 impl Metrics {
     pub fn new(enabled: bool) -> Self {
-        let mut registry = Registry::with_prefix("relaybus");
+        let mut r = Registry::with_prefix("relaybus");
         let ended: [Family<HandlerLabel, Counter>; 5] = Default::default();
-        for (family, name, help) in [
-            (&ended[0], "deliveries_handled", "Deliveries completed"),
-            (
-                &ended[1],
-                "delivery_attempts_failed",
-                "Failed attempts rescheduled for a later attempt",
-            ),
-            (
-                &ended[2],
-                "deliveries_buried",
-                "Deliveries buried as dead letters",
-            ),
-            (
-                &ended[3],
-                "deliveries_lease_lost",
-                "Outcomes refused because another worker had taken the lane over",
-            ),
-            (
-                &ended[4],
-                "deliveries_released",
-                "Deliveries handed back without an attempt, their handler not started",
-            ),
-        ] {
-            registry.register(name, help, family.clone());
+        for (family, (name, help)) in ended.iter().zip(ENDED) {
+            r.register(name, help, family.clone());
         }
-        let in_flight = Gauge::default();
-        registry.register(
-            "deliveries_in_flight",
-            "Deliveries claimed by this worker and not ended yet",
-            in_flight.clone(),
-        );
-        let claims = Counter::default();
-        registry.register("claims", "Claims made", claims.clone());
-        let claim_size = Histogram::new([
+        let claim_sizes = [
             0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0,
-        ]);
-        registry.register("claim_size", "Deliveries per claim", claim_size.clone());
-        let claim_duration = seconds();
-        registry.register_with_unit(
-            "claim_duration",
-            "Time a claim took",
-            Unit::Seconds,
-            claim_duration.clone(),
-        );
-        let completion_duration = seconds();
-        registry.register_with_unit(
-            "completion_duration",
-            "Time a completion statement took (one per window of completions)",
-            Unit::Seconds,
-            completion_duration.clone(),
-        );
-        let handler_duration =
-            Family::<HandlerLabel, Seconds, fn() -> Seconds>::new_with_constructor(seconds);
-        registry.register_with_unit(
-            "handler_duration",
-            "Time a handler's attempt took",
-            Unit::Seconds,
-            handler_duration.clone(),
-        );
-        let lag = Family::<HandlerLabel, Lag>::default();
-        registry.register_with_unit(
-            "lag",
-            "Age of the oldest due delivery of each handler, read at most every 10 s",
-            Unit::Seconds,
-            lag.clone(),
-        );
-        let lanes_held = Gauge::default();
-        registry.register(
-            "lanes_held",
-            "Lanes this worker held at its last lease renewal",
-            lanes_held.clone(),
-        );
-        let wake_ups = Counter::default();
-        registry.register("wake_ups", "Wake-ups received", wake_ups.clone());
-        let database_errors = Family::<OperationLabel, Counter>::default();
-        registry.register(
-            "database_errors",
-            "Database operations that failed, by operation",
-            database_errors.clone(),
-        );
-        let stalls = Family::<OperationLabel, Counter>::default();
-        registry.register(
-            "stalls",
-            "Database operations that waited past --stall-after, by operation",
-            stalls.clone(),
-        );
+        ];
         Self {
             enabled,
-            registry,
             ended,
-            in_flight,
-            claims,
-            claim_size,
-            claim_duration,
-            completion_duration,
-            handler_duration,
-            lag,
-            lanes_held,
-            wake_ups,
-            database_errors,
-            stalls,
+            in_flight: registered(
+                &mut r,
+                "deliveries_in_flight",
+                "Deliveries claimed by this worker and not ended yet",
+                Gauge::default(),
+            ),
+            claims: registered(&mut r, "claims", "Claims made", Counter::default()),
+            claim_size: registered(
+                &mut r,
+                "claim_size",
+                "Deliveries per claim",
+                Histogram::new(claim_sizes),
+            ),
+            claim_duration: in_seconds(&mut r, "claim_duration", "Time a claim took", seconds()),
+            completion_duration: in_seconds(
+                &mut r,
+                "completion_duration",
+                "Time a completion statement took (one per window of completions)",
+                seconds(),
+            ),
+            handler_duration: in_seconds(
+                &mut r,
+                "handler_duration",
+                "Time a handler's attempt took",
+                Family::<HandlerLabel, Seconds, fn() -> Seconds>::new_with_constructor(seconds),
+            ),
+            lag: in_seconds(
+                &mut r,
+                "lag",
+                "Age of the oldest due delivery of each handler, read at most every 10 s",
+                Family::default(),
+            ),
+            lanes_held: registered(
+                &mut r,
+                "lanes_held",
+                "Lanes this worker held at its last lease renewal",
+                Gauge::default(),
+            ),
+            wake_ups: registered(&mut r, "wake_ups", "Wake-ups received", Counter::default()),
+            database_errors: registered(
+                &mut r,
+                "database_errors",
+                "Database operations that failed, by operation",
+                Family::default(),
+            ),
+            stalls: registered(
+                &mut r,
+                "stalls",
+                "Database operations that waited past --stall-after, by operation",
+                Family::default(),
+            ),
+            registry: r,
             phase: AtomicU8::new(Phase::Starting as u8),
             lag_sampled: Mutex::new(None),
             series: OnceLock::new(),

@@ -147,6 +147,12 @@ pub struct Dispatcher<S: Store> {
     shared: Shared<S>,
     /// One claim loop per stream, each on lanes of its own (`DispatchOptions::claim_streams`).
     claimers: Vec<Claimer>,
+    /// The completer's loop until `run` starts it.
+    recording: Option<complete::Recording<S>>,
+}
+
+/// The tasks a running worker started beside its claim streams.
+struct Started {
     completer: JoinHandle<()>,
     /// Lease renewal and the status line: they last until every delivery has ended.
     background: Vec<JoinHandle<()>>,
@@ -213,7 +219,7 @@ impl<S: Store> Dispatcher<S> {
         reporter.metrics.handlers(&template.handlers);
         let running = Arc::new(Running::default());
         let cancel = watch::channel(false).0;
-        let (completer, completer_task) = Completer::start(
+        let (completer, recording) = Completer::new(
             Arc::clone(&store),
             Arc::clone(&running),
             complete::Settings {
@@ -234,65 +240,59 @@ impl<S: Store> Dispatcher<S> {
             history: options.completion_history,
             stall_after: options.stall_after,
         });
-        let slots = Arc::new(Semaphore::new(options.concurrency));
-        let claimers: Vec<Claimer> = (0..streams)
-            .map(|index| Claimer {
-                template: ClaimRequest {
-                    lanes: LaneShare {
-                        count: streams as i16,
-                        index: index as i16,
-                    },
-                    ..template.clone()
-                },
-                tasks: JoinSet::new(),
-                wake: Arc::new(Notify::new()),
-                new_lanes: FIRST_NEW_LANES,
-                last_found: 0,
-                linger_until: None,
-                claim_retries: CLAIM_RETRY.retries(),
-                found_work_at: None,
-                keys_held: false,
-                running: Arc::default(),
-                held: None,
-            })
+        let claimers = (0..streams)
+            .map(|index| Claimer::new(&template, index, streams))
             .collect();
-        let background = vec![
-            tokio::spawn(renew(
-                Arc::clone(&ctx),
-                options.owner.clone(),
-                options.lease_duration,
-            )),
-            tokio::spawn(status_line(
-                Arc::clone(&reporter),
-                Arc::clone(&slots),
-                options.concurrency,
-            )),
-        ];
-        let wakes = claimers.iter().map(|c| Arc::clone(&c.wake)).collect();
-        let wake_relay = options
-            .wake_ups
-            .then(|| relay_wake_ups(&*store, wakes, Arc::clone(&reporter)))
-            .flatten();
         Self {
             shared: Shared {
                 store,
+                slots: Arc::new(Semaphore::new(options.concurrency)),
                 options,
                 ctx,
                 reporter,
-                slots,
                 cancel,
             },
             claimers,
-            completer: completer_task,
-            background,
-            wake_relay,
+            recording: Some(recording),
         }
     }
 
-    /// Claims and runs deliveries until `shutdown` says stop, then stops as it says. A claim
-    /// error no retry can cure stops every stream the same way, and is returned once the
-    /// worker has stopped.
+    /// Starts the completer, lease renewal, the status line and the wake-up relay.
+    fn start_tasks(&self, recording: complete::Recording<S>) -> Started {
+        let Shared {
+            store,
+            options,
+            ctx,
+            reporter,
+            slots,
+            ..
+        } = &self.shared;
+        let wakes = self.claimers.iter().map(|c| Arc::clone(&c.wake)).collect();
+        Started {
+            completer: recording.start(),
+            background: vec![
+                tokio::spawn(renew(
+                    Arc::clone(ctx),
+                    options.owner.clone(),
+                    options.lease_duration,
+                )),
+                tokio::spawn(status_line(
+                    Arc::clone(reporter),
+                    Arc::clone(slots),
+                    options.concurrency,
+                )),
+            ],
+            wake_relay: options
+                .wake_ups
+                .then(|| relay_wake_ups(&**store, wakes, Arc::clone(reporter)))
+                .flatten(),
+        }
+    }
+
+    /// Claims and runs deliveries until `shutdown` says stop, then stops as it says.
     pub async fn run(mut self, shutdown: watch::Receiver<Shutdown>) -> Summary {
+        let recording = self.recording.take().expect("a dispatcher runs once");
+        let started = self.start_tasks(recording);
         let options = &self.shared.options;
         tracing::info!(
             worker = %options.owner,
@@ -309,12 +309,16 @@ impl<S: Store> Dispatcher<S> {
                 .map(|c| c.run(shared, shutdown.clone())),
         )
         .await;
-        self.stop(shutdown).await
+        self.stop(shutdown, started).await
     }
 
     /// Stops claiming, lets running handlers finish within the grace period (none with a
     /// second signal), aborts and releases the rest, and hands every lane back.
-    async fn stop(mut self, mut shutdown: watch::Receiver<Shutdown>) -> Summary {
+    async fn stop(
+        mut self,
+        mut shutdown: watch::Receiver<Shutdown>,
+        mut started: Started,
+    ) -> Summary {
         let Shared {
             store,
             options,
@@ -324,7 +328,7 @@ impl<S: Store> Dispatcher<S> {
             ..
         } = self.shared;
         reporter.metrics.stopping();
-        if let Some(relay) = self.wake_relay.take() {
+        if let Some(relay) = started.wake_relay.take() {
             relay.abort();
         }
         let running: usize = self.claimers.iter().map(|c| c.tasks.len()).sum();
@@ -353,13 +357,13 @@ impl<S: Store> Dispatcher<S> {
                 aborted.extend(done.ok().flatten());
             }
         }
-        for task in self.background.drain(..) {
+        for task in started.background.drain(..) {
             task.abort();
         }
         // The last sender of completions goes with the context; the completer then flushes
         // what it has and ends.
         drop(ctx);
-        let _ = self.completer.await;
+        let _ = started.completer.await;
         let release = store.release(&options.owner, &aborted);
         match tokio::time::timeout(RELEASE_TIMEOUT, release).await {
             Ok(Ok(_)) => {}
@@ -390,6 +394,29 @@ impl<S: Store> Dispatcher<S> {
 }
 
 impl Claimer {
+    /// Stream `index` of `streams`, on its share of the lanes.
+    fn new(template: &ClaimRequest, index: usize, streams: usize) -> Self {
+        Claimer {
+            template: ClaimRequest {
+                lanes: LaneShare {
+                    count: streams as i16,
+                    index: index as i16,
+                },
+                ..template.clone()
+            },
+            tasks: JoinSet::new(),
+            wake: Arc::new(Notify::new()),
+            new_lanes: FIRST_NEW_LANES,
+            last_found: 0,
+            linger_until: None,
+            claim_retries: CLAIM_RETRY.retries(),
+            found_work_at: None,
+            keys_held: false,
+            running: Arc::default(),
+            held: None,
+        }
+    }
+
     /// Claims and starts deliveries until `shutdown` says stop (or, with `drain`, until no due
     /// work is left).
     async fn run<S: Store>(&mut self, shared: &Shared<S>, mut shutdown: watch::Receiver<Shutdown>) {

@@ -95,6 +95,47 @@ impl ShellHandler {
             Ok(v) => v,
             Err(e) => return failed(format!("could not encode the envelope: {e}")),
         };
+        let mut command = self.command(d);
+        let mut child = match command.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                let error = format!("could not start `sh -c {}`: {e}", self.command);
+                return if out_of_resources(&e) {
+                    Outcome::NotStarted { error }
+                } else {
+                    failed(error)
+                };
+            }
+        };
+        let mut group = GroupGuard(child.id().map(|p| p as i32));
+        let mut stdin = child.stdin.take().expect("stdin is piped");
+        let mut stderr = child.stderr.take().expect("stderr is piped");
+        let io = async {
+            // A command that does not read its stdin closes the pipe early; that is its choice.
+            let _ = stdin.write_all(&envelope).await;
+            drop(stdin);
+            let mut err = Vec::new();
+            let _ = stderr.read_to_end(&mut err).await;
+            (child.wait().await, err)
+        };
+        let (status, err) = match tokio::time::timeout(self.timeout, io).await {
+            Ok(done) => done,
+            Err(_) => {
+                group.kill();
+                return failed(format!(
+                    "timed out after {}; the process group was killed",
+                    humantime::format_duration(self.timeout)
+                ));
+            }
+        };
+        // The command is done; descendants it left behind in its group go with it.
+        group.kill();
+        outcome(status, &err)
+    }
+
+    /// `sh -c COMMAND` for a delivery: the envelope's fields in the environment, the worker's
+    /// credentials out of it, in a process group of its own that dies with the worker.
+    fn command(&self, d: &ClaimedDelivery) -> Command {
         let mut command = Command::new("sh");
         command
             .arg("-c")
@@ -130,64 +171,35 @@ impl ShellHandler {
                 Ok(())
             });
         }
-        let mut child = match command.spawn() {
-            Ok(c) => c,
-            Err(e) => {
-                let error = format!("could not start `sh -c {}`: {e}", self.command);
-                return if out_of_resources(&e) {
-                    Outcome::NotStarted { error }
-                } else {
-                    failed(error)
-                };
-            }
-        };
-        let mut group = GroupGuard(child.id().map(|p| p as i32));
-        let mut stdin = child.stdin.take().expect("stdin is piped");
-        let mut stderr = child.stderr.take().expect("stderr is piped");
-        let io = async {
-            // A command that does not read its stdin closes the pipe early; that is its choice.
-            let _ = stdin.write_all(&envelope).await;
-            drop(stdin);
-            let mut err = Vec::new();
-            let _ = stderr.read_to_end(&mut err).await;
-            (child.wait().await, err)
-        };
-        let (status, err) = match tokio::time::timeout(self.timeout, io).await {
-            Ok(done) => done,
-            Err(_) => {
-                group.kill();
-                return failed(format!(
-                    "timed out after {}; the process group was killed",
-                    humantime::format_duration(self.timeout)
-                ));
-            }
-        };
-        // The command is done; descendants it left behind in its group go with it.
-        group.kill();
-        let stderr_text = String::from_utf8_lossy(&err);
-        let stderr_tail = tail(stderr_text.trim_end(), STDERR_TAIL);
-        let describe = |what: String| {
-            if stderr_tail.is_empty() {
-                what
-            } else {
-                format!("{what}: {stderr_tail}")
-            }
-        };
-        match status {
-            Err(e) => failed(format!("could not wait for the command: {e}")),
-            Ok(s) if s.success() => Outcome::Completed,
-            Ok(s) if s.code() == Some(EX_DATAERR) => Outcome::Rejected {
-                error: describe(format!("exit {EX_DATAERR}")),
-            },
-            Ok(s) => {
-                use std::os::unix::process::ExitStatusExt;
-                let what = match (s.code(), s.signal()) {
-                    (Some(code), _) => format!("exit {code}"),
-                    (None, Some(sig)) => format!("killed by signal {sig}"),
-                    _ => "ended abnormally".into(),
-                };
-                failed(describe(what))
-            }
+        command
+    }
+}
+
+/// What a finished command's exit says, with the tail of its stderr.
+fn outcome(status: std::io::Result<std::process::ExitStatus>, err: &[u8]) -> Outcome {
+    let stderr_text = String::from_utf8_lossy(err);
+    let stderr_tail = tail(stderr_text.trim_end(), STDERR_TAIL);
+    let describe = |what: String| {
+        if stderr_tail.is_empty() {
+            what
+        } else {
+            format!("{what}: {stderr_tail}")
+        }
+    };
+    match status {
+        Err(e) => failed(format!("could not wait for the command: {e}")),
+        Ok(s) if s.success() => Outcome::Completed,
+        Ok(s) if s.code() == Some(EX_DATAERR) => Outcome::Rejected {
+            error: describe(format!("exit {EX_DATAERR}")),
+        },
+        Ok(s) => {
+            use std::os::unix::process::ExitStatusExt;
+            let what = match (s.code(), s.signal()) {
+                (Some(code), _) => format!("exit {code}"),
+                (None, Some(sig)) => format!("killed by signal {sig}"),
+                _ => "ended abnormally".into(),
+            };
+            failed(describe(what))
         }
     }
 }

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::{Engine, Namespace, Result, SchemaStatus, Store, SCHEMA_VERSION};
+use super::{
+    Engine, HandlerStats, LaneRow, Namespace, Result, SchemaStatus, Store, SCHEMA_VERSION,
+};
 
 /// How far behind a handler may fall before `doctor` warns.
 pub const LAG_WARNING: Duration = Duration::from_secs(300);
@@ -122,38 +124,48 @@ pub async fn examine<S: Store>(store: &S) -> Result<Vec<Check>> {
             return Ok(checks);
         }
     };
-    for h in stats {
-        checks.push(match h.lag_seconds {
-            Some(lag) if lag > LAG_WARNING.as_secs_f64() => Check::warn(
-                "lag",
-                &h.handler,
-                format!("the oldest due delivery has waited {}", human(lag)),
-                format!(
-                    "start more workers for `{}`, or look for a slow handler (`relaybus stats`)",
-                    h.handler
-                ),
+    checks.extend(stats.iter().flat_map(handler_checks));
+    checks.push(lease_check(lanes));
+    Ok(checks)
+}
+
+/// A handler's lag and dead letters.
+fn handler_checks(h: &HandlerStats) -> [Check; 2] {
+    let lag = match h.lag_seconds {
+        Some(lag) if lag > LAG_WARNING.as_secs_f64() => Check::warn(
+            "lag",
+            &h.handler,
+            format!("the oldest due delivery has waited {}", human(lag)),
+            format!(
+                "start more workers for `{}`, or look for a slow handler (`relaybus stats`)",
+                h.handler
             ),
-            Some(lag) => Check::ok("lag", &h.handler, format!("oldest due {}", human(lag))),
-            None => Check::ok("lag", &h.handler, "nothing due"),
-        });
-        checks.push(match h.dead {
-            0 => Check::ok("dead", &h.handler, "no dead letters"),
-            n => Check::warn(
-                "dead",
-                &h.handler,
-                format!("{n} dead letters"),
-                format!(
-                    "see why with `relaybus dead list --handler {}`, then requeue or purge them",
-                    h.handler
-                ),
+        ),
+        Some(lag) => Check::ok("lag", &h.handler, format!("oldest due {}", human(lag))),
+        None => Check::ok("lag", &h.handler, "nothing due"),
+    };
+    let dead = match h.dead {
+        0 => Check::ok("dead", &h.handler, "no dead letters"),
+        n => Check::warn(
+            "dead",
+            &h.handler,
+            format!("{n} dead letters"),
+            format!(
+                "see why with `relaybus dead list --handler {}`, then requeue or purge them",
+                h.handler
             ),
-        });
-    }
+        ),
+    };
+    [lag, dead]
+}
+
+/// Lanes still held by leases that expired: their workers died or froze.
+fn lease_check(lanes: Vec<LaneRow>) -> Check {
     let expired: Vec<_> = lanes
         .into_iter()
         .filter(|l| l.owner.is_some() && l.expired)
         .collect();
-    checks.push(if expired.is_empty() {
+    if expired.is_empty() {
         Check::ok("leases", "lanes", "no expired lease is held")
     } else {
         let mut owners: Vec<&str> = expired.iter().filter_map(|l| l.owner.as_deref()).collect();
@@ -170,8 +182,7 @@ pub async fn examine<S: Store>(store: &S) -> Result<Vec<Check>> {
             "their workers died or froze; the next claim takes the lanes over and charges one \
              attempt to each delivery they had in flight",
         )
-    });
-    Ok(checks)
+    }
 }
 
 /// What `doctor` exits with: 0 all ok, 3 warnings only, 1 a failure.

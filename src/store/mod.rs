@@ -29,7 +29,7 @@ pub use ident::Namespace;
 pub use options::StoreOptions;
 pub use retention::purge;
 pub use status::{
-    LiveLeases, SchemaStatus, SetupOutcome, UpgradeCounts, UpgradePlan, UpgradeProgress,
+    LiveLeases, Locks, SchemaStatus, SetupOutcome, UpgradeCounts, UpgradePlan, UpgradeProgress,
     UpgradeStep, SCHEMA_VERSION,
 };
 pub use types::*;

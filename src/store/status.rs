@@ -129,6 +129,16 @@ pub struct UpgradePlan {
     pub steps: Vec<UpgradeStep>,
     pub counts: UpgradeCounts,
     pub live_leases: LiveLeases,
+    /// What the conversion locks, and so what waits while it runs.
+    pub locks: Locks,
+}
+
+/// What a conversion locks, and for how long it expects to.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Locks {
+    pub what: String,
+    /// The expected hold for these rows, where one lock is held throughout.
+    pub expected_seconds: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]

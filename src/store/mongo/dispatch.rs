@@ -115,6 +115,73 @@ fn as_read(l: &Lane) -> Document {
     }
 }
 
+/// The tokens whose lane still lists their delivery in flight at their epoch, with their claims
+/// counter: a completion counts only for the holder of the lane.
+async fn fenced<'t>(
+    lanes: &Collection<Lane>,
+    tokens: &'t [LeaseToken],
+    lane_ids: &[i32],
+    s: &mut mongodb::ClientSession,
+) -> mongodb::error::Result<HashMap<&'t str, i32>> {
+    let cursor = lanes
+        .find(doc! { "_id": { "$in": lane_ids } })
+        .session(&mut *s)
+        .await?;
+    let read: HashMap<i32, Lane> = all_in(cursor, s)
+        .await?
+        .into_iter()
+        .map(|l| (l.lane, l))
+        .collect();
+    Ok(tokens
+        .iter()
+        .filter(|t| {
+            read.get(&i32::from(t.lane))
+                .is_some_and(|l| l.epoch == t.epoch && l.in_flight.contains(&t.delivery_id))
+        })
+        .map(|t| (t.delivery_id.as_str(), t.claims))
+        .collect())
+}
+
+/// The fenced deliveries that still carry the claims counter of their token.
+async fn still_claimed(
+    deliveries: &Collection<Document>,
+    valid: &HashMap<&str, i32>,
+    s: &mut mongodb::ClientSession,
+) -> mongodb::error::Result<Vec<Candidate>> {
+    if valid.is_empty() {
+        return Ok(vec![]);
+    }
+    let ids: Vec<&str> = valid.keys().copied().collect();
+    let cursor = deliveries
+        .clone_with_type::<Candidate>()
+        .find(doc! { "_id": { "$in": &ids } })
+        .projection(candidate_fields())
+        .session(&mut *s)
+        .await?;
+    Ok(all_in(cursor, s)
+        .await?
+        .into_iter()
+        .filter(|c| valid.get(c.id.as_str()) == Some(&c.claims))
+        .collect())
+}
+
+/// The completion history (`--completion-history`): one entry per completed delivery.
+async fn record_history(
+    completions: &Collection<Document>,
+    done: &[Candidate],
+    s: &mut mongodb::ClientSession,
+) -> mongodb::error::Result<()> {
+    let now = DateTime::now();
+    let entries = done.iter().map(|c| {
+        doc! {
+            "eventId": &c.event_id, "handler": &c.handler,
+            "attempts": c.attempts + 1, "completedAt": now,
+        }
+    });
+    completions.insert_many(entries).session(&mut *s).await?;
+    Ok(())
+}
+
 impl MongoStore {
     pub(super) async fn lane_collection(&self) -> Result<Collection<Lane>> {
         Ok(self.conn.database().await?.collection(&self.name(LANES)))
@@ -614,39 +681,8 @@ impl MongoStore {
         let mut pause = self.completion_pause.lock().expect("pause lock").take();
         self.conn
             .transaction("could not complete deliveries", async move |s| {
-                let cursor = lanes
-                    .find(doc! { "_id": { "$in": &lane_ids } })
-                    .session(&mut *s)
-                    .await?;
-                let read: HashMap<i32, Lane> = all_in(cursor, s)
-                    .await?
-                    .into_iter()
-                    .map(|l| (l.lane, l))
-                    .collect();
-                let valid: HashMap<&str, i32> = tokens
-                    .iter()
-                    .filter(|t| {
-                        read.get(&i32::from(t.lane)).is_some_and(|l| {
-                            l.epoch == t.epoch && l.in_flight.contains(&t.delivery_id)
-                        })
-                    })
-                    .map(|t| (t.delivery_id.as_str(), t.claims))
-                    .collect();
-                if valid.is_empty() {
-                    return Ok(vec![]);
-                }
-                let ids: Vec<&str> = valid.keys().copied().collect();
-                let cursor = deliveries
-                    .clone_with_type::<Candidate>()
-                    .find(doc! { "_id": { "$in": &ids } })
-                    .projection(candidate_fields())
-                    .session(&mut *s)
-                    .await?;
-                let done: Vec<Candidate> = all_in(cursor, s)
-                    .await?
-                    .into_iter()
-                    .filter(|c| valid.get(c.id.as_str()) == Some(&c.claims))
-                    .collect();
+                let valid = fenced(&lanes, &tokens, &lane_ids, s).await?;
+                let done = still_claimed(&deliveries, &valid, s).await?;
                 if done.is_empty() {
                     return Ok(vec![]);
                 }
@@ -660,14 +696,7 @@ impl MongoStore {
                     .session(&mut *s)
                     .await?;
                 if history {
-                    let now = DateTime::now();
-                    let entries = done.iter().map(|c| {
-                        doc! {
-                            "eventId": &c.event_id, "handler": &c.handler,
-                            "attempts": c.attempts + 1, "completedAt": now,
-                        }
-                    });
-                    completions.insert_many(entries).session(&mut *s).await?;
+                    record_history(&completions, &done, s).await?;
                 }
                 release_keys(&deliveries, s, &held_back(&done)).await?;
                 #[cfg(test)]
@@ -951,13 +980,8 @@ pub(super) mod tests {
     /// (60 s). The next worker's takeover cannot charge that lane's deliveries meanwhile; it
     /// charges and runs the other lanes' at once and keeps the conflicting losses for a later
     /// claim, which settles them once the dead transaction is gone.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_dead_worker_s_open_transaction_holds_up_only_its_own_lane() {
-        let database = format!("u{}_dead_transaction", std::process::id());
-        let dead = Arc::new(store(&database));
-        let next = store(&database);
-        dead.setup(false).await.unwrap();
-        // Two events in two lanes.
+    /// Events `e1` and `e2` for handler `h`, which lie in two lanes.
+    fn two_events_in_two_lanes() -> Vec<NewEvent> {
         let ids = ["e1", "e2"];
         assert_ne!(
             crate::store::lane::lane_of(None, ids[0]),
@@ -966,23 +990,30 @@ pub(super) mod tests {
         let limits = EventLimits {
             max_payload_bytes: 1000,
         };
-        let events: Vec<NewEvent> = ids
-            .iter()
+        ids.iter()
             .map(|id| {
                 let handlers = vec!["h".into()];
-                let payload = serde_json::json!({});
                 NewEvent::new(
                     id.to_string(),
                     "t".into(),
                     None,
-                    payload,
+                    serde_json::json!({}),
                     Default::default(),
                     handlers,
                     &limits,
                 )
                 .unwrap()
             })
-            .collect();
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_worker_s_open_transaction_holds_up_only_its_own_lane() {
+        let database = format!("u{}_dead_transaction", std::process::id());
+        let dead = Arc::new(store(&database));
+        let next = store(&database);
+        dead.setup(false).await.unwrap();
+        let events = two_events_in_two_lanes();
         dead.publish(&events).await.unwrap();
         let lease = Duration::from_millis(300);
         let (claimed, _) = dead.claim(&request("w1", lease)).await.unwrap();

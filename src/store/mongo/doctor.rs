@@ -13,37 +13,56 @@ use crate::store::{Result, SCHEMA_VERSION};
 
 impl MongoStore {
     pub(super) async fn doctor_impl(&self) -> Result<Vec<Check>> {
-        let ns = &self.ns;
         let existing = self.existing().await?;
-        let mut checks = vec![];
-        for c in COLLECTIONS
+        let has = |c: &str| existing.iter().any(|e| e == c);
+        let mut checks = self.collection_checks(&existing);
+        checks.extend(self.index_checks(&existing).await?);
+        if has(LANES) {
+            checks.push(self.lane_check().await?);
+        }
+        if has(SCHEMA) {
+            checks.push(self.version_check().await?);
+        }
+        if has(DELIVERIES) {
+            checks.push(self.stranded().await?);
+        }
+        Ok(checks)
+    }
+
+    /// The missing collections, each with the script that creates it and its indexes.
+    fn collection_checks(&self, existing: &[String]) -> Vec<Check> {
+        let mut checks: Vec<Check> = COLLECTIONS
             .iter()
             .filter(|c| !existing.iter().any(|e| e == *c))
-        {
-            let mut fix = format!("rb.createCollection({});\n", quoted(&self.name(c)));
-            for spec in indexes().into_iter().filter(|s| s.collection == *c) {
-                fix.push_str(&create_index(&collection_js(ns, c), &spec));
-            }
-            checks.push(
+            .map(|c| {
+                let mut fix = format!("rb.createCollection({});\n", quoted(&self.name(c)));
+                for spec in indexes().into_iter().filter(|s| s.collection == *c) {
+                    fix.push_str(&create_index(&collection_js(&self.ns, c), &spec));
+                }
                 Check::fail(
                     "table",
                     self.name(c),
                     "missing",
                     "create it and its indexes",
                 )
-                .with_fix(fix),
-            );
-        }
+                .with_fix(fix)
+            })
+            .collect();
         if checks.is_empty() {
             checks.push(Check::ok("table", "collections", "every 0.2 collection"));
         }
-        let mut index_checks = vec![];
+        checks
+    }
+
+    /// The indexes of the collections that have them, by definition.
+    async fn index_checks(&self, existing: &[String]) -> Result<Vec<Check>> {
+        let mut checks = vec![];
         for c in existing
             .iter()
             .filter(|c| [DELIVERIES, "events", "completions"].contains(&c.as_str()))
         {
             let (dropped, created) = drift(c, &self.indexes_of(c).await?);
-            let coll = collection_js(ns, c);
+            let coll = collection_js(&self.ns, c);
             for name in &dropped {
                 let mut fix = format!("{coll}.dropIndex({});\n", quoted(name));
                 let recreated = created.contains(&name.as_str());
@@ -53,95 +72,88 @@ impl MongoStore {
                 {
                     fix.push_str(&create_index(&coll, &spec));
                 }
-                index_checks.push(
-                    Check::fail(
-                        "index",
-                        format!("{}.{name}", self.name(c)),
-                        if recreated {
-                            "defined otherwise than 0.2 defines it"
-                        } else {
-                            "not an index of 0.2 (a 0.1 index, or a copy of a 0.2 one)"
-                        },
-                        if recreated { "recreate it" } else { "drop it" },
+                let (found, advice) = if recreated {
+                    ("defined otherwise than 0.2 defines it", "recreate it")
+                } else {
+                    (
+                        "not an index of 0.2 (a 0.1 index, or a copy of a 0.2 one)",
+                        "drop it",
                     )
-                    .with_fix(fix),
-                );
+                };
+                let subject = format!("{}.{name}", self.name(c));
+                checks.push(Check::fail("index", subject, found, advice).with_fix(fix));
             }
             for spec in indexes().into_iter().filter(|s| {
                 s.collection == c
                     && created.contains(&s.name)
                     && !dropped.iter().any(|d| d == s.name)
             }) {
-                index_checks.push(
-                    Check::fail(
-                        "index",
-                        format!("{}.{}", self.name(c), spec.name),
-                        "missing",
-                        "create it",
-                    )
-                    .with_fix(create_index(&coll, &spec)),
+                let subject = format!("{}.{}", self.name(c), spec.name);
+                checks.push(
+                    Check::fail("index", subject, "missing", "create it")
+                        .with_fix(create_index(&coll, &spec)),
                 );
             }
         }
-        if index_checks.is_empty() {
-            index_checks.push(Check::ok(
+        if checks.is_empty() {
+            checks.push(Check::ok(
                 "index",
                 "indexes",
                 "every 0.2 index, by definition, and no other",
             ));
         }
-        checks.extend(index_checks);
-        let failed = self.conn.error("could not read the store");
-        if existing.iter().any(|e| e == LANES) {
-            let lanes = self.coll(LANES).await?;
-            let inside = lanes
-                .count_documents(doc! { "_id": { "$gte": 0, "$lt": 256 } })
-                .await
-                .map_err(&failed)?;
-            let outside = lanes
-                .count_documents(doc! { "_id": { "$not": { "$gte": 0, "$lt": 256 } } })
-                .await
-                .map_err(&failed)?;
-            let subject = self.name(LANES);
-            checks.push(if (inside, outside) == (256, 0) {
-                Check::ok("lanes", subject, "256 lane documents, 0..255")
-            } else {
-                let coll = collection_js(ns, LANES);
-                let mut fix = format!(
-                    "for (let lane = 0; lane < 256; lane++) {{\n  {coll}.updateOne({{ _id: lane }}, {{ $setOnInsert: {{ epoch: NumberLong(\"0\"), owner: null, holder: null, leaseExpiresAt: null, inFlight: [], lost: [] }} }}, {{ upsert: true }});\n}}\n"
-                );
-                if outside > 0 {
-                    fix.push_str(&format!("{coll}.deleteMany({{ _id: {{ $not: {{ $gte: 0, $lt: 256 }} }} }});\n"));
-                }
-                Check::fail(
-                    "lanes",
-                    subject,
-                    format!("{inside} of the 256 lane documents, {outside} outside 0..255"),
-                    "restore exactly the lanes 0..255",
-                )
-                .with_fix(fix)
-            });
-        }
-        if existing.iter().any(|e| e == SCHEMA) {
-            let subject = self.name(SCHEMA);
-            checks.push(match self.version().await?.as_deref() {
-                Some(SCHEMA_VERSION) => Check::ok("version", subject, format!("version {SCHEMA_VERSION}")),
-                other => Check::fail(
-                    "version",
-                    subject,
-                    format!("the version document says {}", other.unwrap_or("nothing")),
-                    "record the version",
-                )
-                .with_fix(format!(
-                    "{}.updateOne({{ _id: \"{VERSION_ID}\" }}, {{ $set: {{ version: \"{SCHEMA_VERSION}\" }} }}, {{ upsert: true }});\n",
-                    collection_js(ns, SCHEMA)
-                )),
-            });
-        }
-        if existing.iter().any(|e| e == DELIVERIES) {
-            checks.push(self.stranded().await?);
-        }
         Ok(checks)
+    }
+
+    /// Exactly the lanes 0..255.
+    async fn lane_check(&self) -> Result<Check> {
+        let failed = self.conn.error("could not read the store");
+        let lanes = self.coll(LANES).await?;
+        let inside = lanes
+            .count_documents(doc! { "_id": { "$gte": 0, "$lt": 256 } })
+            .await
+            .map_err(&failed)?;
+        let outside = lanes
+            .count_documents(doc! { "_id": { "$not": { "$gte": 0, "$lt": 256 } } })
+            .await
+            .map_err(&failed)?;
+        let subject = self.name(LANES);
+        if (inside, outside) == (256, 0) {
+            return Ok(Check::ok("lanes", subject, "256 lane documents, 0..255"));
+        }
+        let coll = collection_js(&self.ns, LANES);
+        let mut fix = format!(
+            "for (let lane = 0; lane < 256; lane++) {{\n  {coll}.updateOne({{ _id: lane }}, {{ $setOnInsert: {{ epoch: NumberLong(\"0\"), owner: null, holder: null, leaseExpiresAt: null, inFlight: [], lost: [] }} }}, {{ upsert: true }});\n}}\n"
+        );
+        if outside > 0 {
+            fix.push_str(&format!(
+                "{coll}.deleteMany({{ _id: {{ $not: {{ $gte: 0, $lt: 256 }} }} }});\n"
+            ));
+        }
+        Ok(Check::fail(
+            "lanes",
+            subject,
+            format!("{inside} of the 256 lane documents, {outside} outside 0..255"),
+            "restore exactly the lanes 0..255",
+        )
+        .with_fix(fix))
+    }
+
+    async fn version_check(&self) -> Result<Check> {
+        let subject = self.name(SCHEMA);
+        Ok(match self.version().await?.as_deref() {
+            Some(SCHEMA_VERSION) => Check::ok("version", subject, format!("version {SCHEMA_VERSION}")),
+            other => Check::fail(
+                "version",
+                subject,
+                format!("the version document says {}", other.unwrap_or("nothing")),
+                "record the version",
+            )
+            .with_fix(format!(
+                "{}.updateOne({{ _id: \"{VERSION_ID}\" }}, {{ $set: {{ version: \"{SCHEMA_VERSION}\" }} }}, {{ upsert: true }});\n",
+                collection_js(&self.ns, SCHEMA)
+            )),
+        })
     }
 
     /// Keys whose head (lowest pending sequence) is parked: nothing would ever release them.

@@ -17,8 +17,8 @@ use super::model::{after, all, chrono};
 use super::{MongoStore, COMPLETIONS, DELIVERIES, EVENTS, KEY_SEQUENCES, LANES, READY, SCHEMA};
 use crate::store::lane::lane_of;
 use crate::store::{
-    LiveLeases, Namespace, Result, SchemaStatus, Script, SetupOutcome, StoreError, UpgradeCounts,
-    UpgradePlan, UpgradeProgress, UpgradeStep, SCHEMA_VERSION,
+    LiveLeases, Locks, Namespace, Result, SchemaStatus, Script, SetupOutcome, StoreError,
+    UpgradeCounts, UpgradePlan, UpgradeProgress, UpgradeStep, SCHEMA_VERSION,
 };
 
 /// Documents per batch of the conversion.
@@ -598,6 +598,7 @@ impl MongoStore {
                 steps: vec![],
                 counts: UpgradeCounts::default(),
                 live_leases: LiveLeases::default(),
+                locks: Locks::default(),
             });
         }
         Ok(UpgradePlan {
@@ -605,6 +606,12 @@ impl MongoStore {
             steps: self.steps().await?,
             counts: self.counts().await?,
             live_leases: self.live_leases().await?,
+            locks: Locks {
+                what: "none on the collections: the conversion runs in batches of 1,000 \
+                       documents under relaybus's setup lock; stop 0.1 workers first"
+                    .into(),
+                expected_seconds: None,
+            },
         })
     }
 

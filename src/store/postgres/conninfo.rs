@@ -73,19 +73,63 @@ pub(crate) fn resolve(
     conn: Option<&str>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<ConnInfo, String> {
+    let given = completed(conn, env)?;
+    let (own, rest): (Vec<_>, Vec<_>) = given
+        .into_iter()
+        .partition(|(k, _)| OWN.contains(&k.as_str()));
+    let quoted: Vec<String> = rest
+        .iter()
+        .map(|(k, v)| format!("{k}='{}'", v.replace('\\', "\\\\").replace('\'', "\\'")))
+        .collect();
+    let mut config = quoted
+        .join(" ")
+        .parse::<Config>()
+        .map_err(|e| format!("invalid connection string: {e}"))?;
+    let param = |name: &str| last(&own, name).filter(|v| !v.is_empty());
+    if config.get_password().is_none() {
+        let file = param("passfile")
+            .map(PathBuf::from)
+            .or_else(|| env("HOME").map(|h| Path::new(&h).join(".pgpass")));
+        if let Some(password) = file.and_then(|f| password_from_file(&f, &config)) {
+            config.password(password);
+        }
+    }
+    let tls = tls(&mut config, &param, env)?;
+    let connect_timeout = match param("connect_timeout") {
+        None => Some(CONNECT_TIMEOUT),
+        Some(v) => match v.trim().parse::<u64>() {
+            Ok(0) => None,
+            Ok(secs) => Some(Duration::from_secs(secs.max(2))),
+            Err(_) => return Err(format!("invalid connect_timeout `{v}`: give whole seconds")),
+        },
+    };
+    Ok(ConnInfo {
+        config,
+        tls,
+        connect_timeout,
+    })
+}
+
+/// The value a key was given last.
+fn last(pairs: &[(String, String)], key: &str) -> Option<String> {
+    pairs
+        .iter()
+        .rev()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.clone())
+}
+
+/// The pairs of `conn`, completed from the variables and then libpq's defaults.
+fn completed(
+    conn: Option<&str>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<(String, String)>, String> {
     let mut given = match conn {
         None => vec![],
         Some(s) if s.contains("://") => url_pairs(s)?,
         Some(s) => pairs(s)?,
     };
     let has = |pairs: &[(String, String)], key: &str| pairs.iter().any(|(k, _)| k == key);
-    let get = |pairs: &[(String, String)], key: &str| {
-        pairs
-            .iter()
-            .rev()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.clone())
-    };
     for (key, var) in VARIABLES {
         if let Some(value) = env(var).filter(|v| !v.is_empty()) {
             if !has(&given, key) {
@@ -108,32 +152,22 @@ pub(crate) fn resolve(
         given.push(("user".into(), user));
     }
     if !has(&given, "dbname") {
-        let user = get(&given, "user").unwrap_or_default();
+        let user = last(&given, "user").unwrap_or_default();
         given.push(("dbname".into(), user));
     }
     if !has(&given, "application_name") {
         given.push(("application_name".into(), "relaybus".into()));
     }
-    let (own, rest): (Vec<_>, Vec<_>) = given
-        .into_iter()
-        .partition(|(k, _)| OWN.contains(&k.as_str()));
-    let quoted: Vec<String> = rest
-        .iter()
-        .map(|(k, v)| format!("{k}='{}'", v.replace('\\', "\\\\").replace('\'', "\\'")))
-        .collect();
-    let mut config = quoted
-        .join(" ")
-        .parse::<Config>()
-        .map_err(|e| format!("invalid connection string: {e}"))?;
-    let param = |name: &str| get(&own, name).filter(|v| !v.is_empty());
-    if config.get_password().is_none() {
-        let file = param("passfile")
-            .map(PathBuf::from)
-            .or_else(|| env("HOME").map(|h| Path::new(&h).join(".pgpass")));
-        if let Some(password) = file.and_then(|f| password_from_file(&f, &config)) {
-            config.password(password);
-        }
-    }
+    Ok(given)
+}
+
+/// The TLS of a connection, from `sslmode` and the certificate parameters (or the files libpq
+/// looks for in ~/.postgresql), with the driver's `sslmode` set to match.
+fn tls(
+    config: &mut Config,
+    param: &dyn Fn(&str) -> Option<String>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<ClientConfig, String> {
     let tls_mode = match param("sslmode").as_deref() {
         None | Some("prefer") | Some("allow") => TlsMode::Prefer,
         Some("disable") => TlsMode::Disable,
@@ -176,20 +210,7 @@ pub(crate) fn resolve(
         (Some(cert), Some(key)) => Some((cert, key)),
         _ => None,
     };
-    let tls = tls_config(tls_mode, root.as_deref(), client)?;
-    let connect_timeout = match param("connect_timeout") {
-        None => Some(CONNECT_TIMEOUT),
-        Some(v) => match v.trim().parse::<u64>() {
-            Ok(0) => None,
-            Ok(secs) => Some(Duration::from_secs(secs.max(2))),
-            Err(_) => return Err(format!("invalid connect_timeout `{v}`: give whole seconds")),
-        },
-    };
-    Ok(ConnInfo {
-        config,
-        tls,
-        connect_timeout,
-    })
+    tls_config(tls_mode, root.as_deref(), client)
 }
 
 /// A `postgres://user:password@host:port,host2:port2/dbname?param=value` URL as the pairs it

@@ -93,6 +93,118 @@ fn index_statement(script: &str, name: &str) -> Option<String> {
     None
 }
 
+/// The tables of a schema: their columns, and their storage parameters.
+struct Catalog {
+    columns: BTreeMap<String, BTreeMap<String, Column>>,
+    storage: BTreeMap<String, Vec<String>>,
+}
+
+/// A column of 0.2 as the store has it, with the statements that make it 0.2's.
+fn column_check(
+    table: &str,
+    name: &str,
+    column: &str,
+    (kind, not_null, default): &Column,
+    found: Option<&Column>,
+) -> Option<Check> {
+    let subject = format!("{name}.{column}");
+    let with_default = default
+        .as_deref()
+        .map(|d| format!(" DEFAULT {d}"))
+        .unwrap_or_default();
+    let Some((have_kind, have_not_null, have_default)) = found else {
+        let not_null = if *not_null && default.is_some() {
+            " NOT NULL"
+        } else {
+            ""
+        };
+        return Some(
+            Check::fail("column", subject, "missing", "add it").with_fix(format!(
+                "ALTER TABLE {table} ADD COLUMN \"{column}\" {kind}{not_null}{with_default};\n"
+            )),
+        );
+    };
+    let alter = format!("ALTER TABLE {table} ALTER COLUMN \"{column}\"");
+    let mut fix = String::new();
+    let mut differences = vec![];
+    if have_kind != kind {
+        differences.push(format!("type {have_kind}, not {kind}"));
+        fix.push_str(&format!(
+            "{alter} TYPE {kind} USING \"{column}\"::{kind};\n"
+        ));
+    }
+    if have_default != default {
+        differences.push(format!(
+            "default {}, not {}",
+            have_default.as_deref().unwrap_or("none"),
+            default.as_deref().unwrap_or("none")
+        ));
+        fix.push_str(&match default {
+            Some(d) => format!("{alter} SET DEFAULT {d};\n"),
+            None => format!("{alter} DROP DEFAULT;\n"),
+        });
+    }
+    if have_not_null != not_null {
+        let (found, verb) = if *not_null {
+            ("nullable, not NOT NULL", "SET")
+        } else {
+            ("NOT NULL, not nullable", "DROP")
+        };
+        differences.push(found.to_owned());
+        fix.push_str(&format!("{alter} {verb} NOT NULL;\n"));
+    }
+    (!fix.is_empty()).then(|| {
+        Check::fail(
+            "column",
+            subject,
+            differences.join("; "),
+            "redefine it as 0.2 does",
+        )
+        .with_fix(fix)
+    })
+}
+
+fn extra_column(table: &str, name: &str, column: &str) -> Check {
+    Check::warn(
+        "column",
+        format!("{name}.{column}"),
+        "not a column of 0.2",
+        "drop it",
+    )
+    .with_fix(format!("ALTER TABLE {table} DROP COLUMN \"{column}\";\n"))
+}
+
+/// A table's storage parameters, when they are not 0.2's, with the statements that set them.
+fn storage_check(table: &str, name: &str, want: &[String], have: &[String]) -> Option<Check> {
+    if want == have {
+        return None;
+    }
+    let set = if want.is_empty() {
+        String::new()
+    } else {
+        format!("ALTER TABLE {table} SET ({});\n", want.join(", "))
+    };
+    let extra: Vec<&str> = have
+        .iter()
+        .filter_map(|o| o.split_once('=').map(|(k, _)| k))
+        .filter(|k| !want.iter().any(|w| w.starts_with(&format!("{k}="))))
+        .collect();
+    let reset = if extra.is_empty() {
+        String::new()
+    } else {
+        format!("ALTER TABLE {table} RESET ({});\n", extra.join(", "))
+    };
+    Some(
+        Check::fail(
+            "storage",
+            name,
+            format!("({}), not ({})", have.join(", "), want.join(", ")),
+            "set the storage parameters 0.2 sets",
+        )
+        .with_fix(set + &reset),
+    )
+}
+
 impl PgStore {
     pub(super) async fn doctor_impl(&self) -> Result<Vec<Check>> {
         let mut conn = self.pool.get().await?;
@@ -146,6 +258,74 @@ impl PgStore {
 
     /// The installed schema against a fresh install of this version.
     async fn drift(&self, client: &mut tokio_postgres::Client) -> Result<Vec<Check>> {
+        let (want, have) = self.catalogs(client).await?;
+        let script = install_script(&self.ns);
+        let mut checks = vec![];
+        for (name, columns) in &want.columns {
+            let Some(found) = have.columns.get(name) else {
+                checks.push(
+                    Check::fail("table", name, "missing", "create it (and its indexes)").with_fix(
+                        statements_of(&script, &self.ns, &name[self.ns.prefix().len()..]),
+                    ),
+                );
+                continue;
+            };
+            let table = self.ns.table(&name[self.ns.prefix().len()..]);
+            checks.extend(columns.iter().filter_map(|(column, column_wanted)| {
+                column_check(&table, name, column, column_wanted, found.get(column))
+            }));
+            checks.extend(
+                found
+                    .keys()
+                    .filter(|c| !columns.contains_key(*c))
+                    .map(|column| extra_column(&table, name, column)),
+            );
+            let have_options = have.storage.get(name).cloned().unwrap_or_default();
+            checks.extend(storage_check(
+                &table,
+                name,
+                &want.storage[name],
+                &have_options,
+            ));
+        }
+        for name in have
+            .columns
+            .keys()
+            .filter(|t| !want.columns.contains_key(*t))
+        {
+            checks.push(
+                Check::warn(
+                    "table",
+                    name,
+                    "not a table of 0.2",
+                    "drop it, or choose another --prefix",
+                )
+                .with_fix(format!(
+                    "DROP TABLE {};\n",
+                    self.ns.table(&name[self.ns.prefix().len()..])
+                )),
+            );
+        }
+        if checks
+            .iter()
+            .all(|c| c.check != "table" && c.check != "column" && c.check != "storage")
+        {
+            checks.push(Check::ok(
+                "table",
+                "tables",
+                format!(
+                    "{} tables, their columns and storage as 0.2 installs them",
+                    want.columns.len()
+                ),
+            ));
+        }
+        checks.extend(self.object_checks(client, &script, &want, &have).await?);
+        Ok(checks)
+    }
+
+    /// The catalog this version installs (applied to a scratch schema in a transaction that is
+    /// rolled back) and the store's.
+    async fn catalogs(&self, client: &mut tokio_postgres::Client) -> Result<(Catalog, Catalog)> {
         let reference = Namespace::new(
             &format!("relaybus_doctor_{:08x}", rand::random::<u32>()),
             self.ns.prefix(),
@@ -160,190 +340,39 @@ impl PgStore {
                 "could not install the reference schema in a scratch transaction; \
                          doctor needs the CREATE privilege on the database to compare",
             ))?;
-        let (want, have) = (
-            self.columns(&tx, reference.schema()).await?,
-            self.columns(&tx, self.ns.schema()).await?,
-        );
-        let (want_storage, have_storage) = (
-            self.storage(&tx, reference.schema()).await?,
-            self.storage(&tx, self.ns.schema()).await?,
-        );
+        let mut catalogs = vec![];
+        for schema in [reference.schema(), self.ns.schema()] {
+            catalogs.push(Catalog {
+                columns: self.columns(&tx, schema).await?,
+                storage: self.storage(&tx, schema).await?,
+            });
+        }
         tx.rollback()
             .await
             .map_err(db("could not roll back the scratch transaction"))?;
-        let script = install_script(&self.ns);
-        let table = |name: &str| self.ns.table(&name[self.ns.prefix().len()..]);
+        let have = catalogs.pop().expect("two catalogs");
+        Ok((catalogs.pop().expect("two catalogs"), have))
+    }
+
+    /// The indexes, lane rows and version row, of the tables that exist (a missing table's
+    /// indexes come with it).
+    async fn object_checks(
+        &self,
+        client: &mut tokio_postgres::Client,
+        script: &str,
+        want: &Catalog,
+        have: &Catalog,
+    ) -> Result<Vec<Check>> {
         let mut checks = vec![];
-        for (name, columns) in &want {
-            let Some(found) = have.get(name) else {
-                checks.push(
-                    Check::fail("table", name, "missing", "create it (and its indexes)").with_fix(
-                        statements_of(&script, &self.ns, &name[self.ns.prefix().len()..]),
-                    ),
-                );
-                continue;
-            };
-            for (column, (kind, not_null, default)) in columns {
-                let subject = format!("{name}.{column}");
-                let t = table(name);
-                let def = |d: &Option<String>| {
-                    d.as_deref()
-                        .map(|d| format!(" DEFAULT {d}"))
-                        .unwrap_or_default()
-                };
-                match found.get(column) {
-                    None => {
-                        let fix = match (not_null, default) {
-                            (true, Some(_)) => format!(
-                                "ALTER TABLE {t} ADD COLUMN \"{column}\" {kind} NOT NULL{};\n",
-                                def(default)
-                            ),
-                            _ => format!(
-                                "ALTER TABLE {t} ADD COLUMN \"{column}\" {kind}{};\n",
-                                def(default)
-                            ),
-                        };
-                        checks.push(
-                            Check::fail("column", subject, "missing", "add it").with_fix(fix),
-                        );
-                    }
-                    Some((have_kind, have_not_null, have_default)) => {
-                        let mut fix = String::new();
-                        let mut found = vec![];
-                        if have_kind != kind {
-                            found.push(format!("type {have_kind}, not {kind}"));
-                            fix.push_str(&format!("ALTER TABLE {t} ALTER COLUMN \"{column}\" TYPE {kind} USING \"{column}\"::{kind};\n"));
-                        }
-                        if have_default != default {
-                            found.push(format!(
-                                "default {}, not {}",
-                                have_default.as_deref().unwrap_or("none"),
-                                default.as_deref().unwrap_or("none")
-                            ));
-                            fix.push_str(&match default {
-                                Some(d) => format!(
-                                    "ALTER TABLE {t} ALTER COLUMN \"{column}\" SET DEFAULT {d};\n"
-                                ),
-                                None => format!(
-                                    "ALTER TABLE {t} ALTER COLUMN \"{column}\" DROP DEFAULT;\n"
-                                ),
-                            });
-                        }
-                        if have_not_null != not_null {
-                            found.push(if *not_null {
-                                "nullable, not NOT NULL".to_owned()
-                            } else {
-                                "NOT NULL, not nullable".to_owned()
-                            });
-                            let verb = if *not_null { "SET" } else { "DROP" };
-                            fix.push_str(&format!(
-                                "ALTER TABLE {t} ALTER COLUMN \"{column}\" {verb} NOT NULL;\n"
-                            ));
-                        }
-                        if !fix.is_empty() {
-                            checks.push(
-                                Check::fail(
-                                    "column",
-                                    subject,
-                                    found.join("; "),
-                                    "redefine it as 0.2 does",
-                                )
-                                .with_fix(fix),
-                            );
-                        }
-                    }
-                }
-            }
-            for column in found.keys().filter(|c| !columns.contains_key(*c)) {
-                checks.push(
-                    Check::warn(
-                        "column",
-                        format!("{name}.{column}"),
-                        "not a column of 0.2",
-                        "drop it",
-                    )
-                    .with_fix(format!(
-                        "ALTER TABLE {} DROP COLUMN \"{column}\";\n",
-                        table(name)
-                    )),
-                );
-            }
-            let (want_options, have_options) = (
-                &want_storage[name],
-                have_storage.get(name).cloned().unwrap_or_default(),
-            );
-            if *want_options != have_options {
-                let set = if want_options.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        "ALTER TABLE {} SET ({});\n",
-                        table(name),
-                        want_options.join(", ")
-                    )
-                };
-                let extra: Vec<&str> = have_options
-                    .iter()
-                    .filter_map(|o| o.split_once('=').map(|(k, _)| k))
-                    .filter(|k| !want_options.iter().any(|w| w.starts_with(&format!("{k}="))))
-                    .collect();
-                let reset = if extra.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        "ALTER TABLE {} RESET ({});\n",
-                        table(name),
-                        extra.join(", ")
-                    )
-                };
-                checks.push(
-                    Check::fail(
-                        "storage",
-                        name,
-                        format!(
-                            "({}), not ({})",
-                            have_options.join(", "),
-                            want_options.join(", ")
-                        ),
-                        "set the storage parameters 0.2 sets",
-                    )
-                    .with_fix(set + &reset),
-                );
-            }
-        }
-        for name in have.keys().filter(|t| !want.contains_key(*t)) {
-            checks.push(
-                Check::warn(
-                    "table",
-                    name,
-                    "not a table of 0.2",
-                    "drop it, or choose another --prefix",
-                )
-                .with_fix(format!("DROP TABLE {};\n", table(name))),
-            );
-        }
-        if checks
-            .iter()
-            .all(|c| c.check != "table" && c.check != "column" && c.check != "storage")
-        {
-            checks.push(Check::ok(
-                "table",
-                "tables",
-                format!(
-                    "{} tables, their columns and storage as 0.2 installs them",
-                    want.len()
-                ),
-            ));
-        }
-        if have.contains_key(&self.ns.table_name("deliveries")) {
-            // The indexes of a missing table come with it.
+        if have.columns.contains_key(&self.ns.table_name("deliveries")) {
             let missing: Vec<String> = want
+                .columns
                 .keys()
-                .filter(|t| !have.contains_key(*t))
-                .map(|t| table(t))
+                .filter(|t| !have.columns.contains_key(*t))
+                .map(|t| self.ns.table(&t[self.ns.prefix().len()..]))
                 .collect();
             checks.extend(
-                self.index_checks(client, &script)
+                self.index_checks(client, script)
                     .await?
                     .into_iter()
                     .filter(|c| {
@@ -353,11 +382,11 @@ impl PgStore {
                     }),
             );
         }
-        if have.contains_key(&self.ns.table_name("lanes")) {
-            checks.push(self.lane_check(client, &script).await?);
+        if have.columns.contains_key(&self.ns.table_name("lanes")) {
+            checks.push(self.lane_check(client, script).await?);
         }
-        if have.contains_key(&self.ns.table_name("schema")) {
-            checks.push(self.version_check(client, &script).await?);
+        if have.columns.contains_key(&self.ns.table_name("schema")) {
+            checks.push(self.version_check(client, script).await?);
         }
         Ok(checks)
     }
@@ -500,14 +529,26 @@ impl PgStore {
                 });
             }
         }
+        checks.push(self.horizon_check(client).await?);
+        checks.push(self.session_check(client).await?);
+        Ok(checks)
+    }
+
+    /// The oldest snapshot in the cluster, which holds back every cleanup.
+    async fn horizon_check(&self, client: &impl GenericClient) -> Result<Check> {
         let horizon = client
             .query_typed_opt(&self.sql.doctor_horizon.text, &[])
             .await
             .map_err(db("could not read the sessions"))?;
-        checks.push(match horizon {
+        Ok(match horizon {
             Some(r) if r.get::<_, Option<f64>>(2).unwrap_or(0.0) > HORIZON_SECONDS => {
-                let (pid, app, age, state, query): (i32, Option<String>, Option<f64>, Option<String>, Option<String>) =
-                    (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
+                let (pid, app, age, state, query): (
+                    i32,
+                    Option<String>,
+                    Option<f64>,
+                    Option<String>,
+                    Option<String>,
+                ) = (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
                 Check::warn(
                     "cleanup",
                     "cluster",
@@ -521,14 +562,22 @@ impl PgStore {
                     format!("no dead tuple newer than it can be cleaned up; end that transaction (SELECT pg_terminate_backend({pid}) if it is stuck)"),
                 )
             }
-            _ => Check::ok("cleanup", "cluster", "no snapshot older than 5 minutes holds back cleanup"),
-        });
+            _ => Check::ok(
+                "cleanup",
+                "cluster",
+                "no snapshot older than 5 minutes holds back cleanup",
+            ),
+        })
+    }
+
+    /// The settings that workers without prepared statements inherit from the role.
+    async fn session_check(&self, client: &impl GenericClient) -> Result<Check> {
         let r = client
             .query_typed_one(&self.sql.doctor_settings.text, &[])
             .await
             .map_err(db("could not read the session settings"))?;
         let (role, jit, plan_cache): (String, String, String) = (r.get(0), r.get(1), r.get(2));
-        checks.push(match (self.pool.prepared_statements(), jit.as_str()) {
+        Ok(match (self.pool.prepared_statements(), jit.as_str()) {
             (true, _) => Check::ok(
                 "session",
                 &role,
@@ -541,7 +590,6 @@ impl PgStore {
                 format!("ALTER ROLE \"{role}\" SET jit = off"),
             ),
             (false, _) => Check::ok("session", &role, format!("jit = {jit}, plan_cache_mode = {plan_cache}")),
-        });
-        Ok(checks)
+        })
     }
 }

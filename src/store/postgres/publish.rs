@@ -11,7 +11,8 @@ use std::sync::atomic::Ordering;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
-use super::conn::db;
+use super::conn::{db, PooledConn};
+use super::sql::Params;
 use super::PgStore;
 use crate::store::lane::lane_of;
 use crate::store::{NewEvent, PublishedDelivery, Result, StoreError, CONFLICT_WITH_STORED};
@@ -43,48 +44,24 @@ impl PgStore {
             return Ok(vec![]);
         }
         let events = NewEvent::unite(events)?;
-        let n = events.len();
-        let (mut ids, mut types, mut keys, mut payloads, mut headers, mut first, mut last) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
-        let (mut d_events, mut d_handlers, mut d_ids, mut d_lanes, mut d_keys) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for e in &events {
-            let lane = lane_of(e.key.as_deref(), &e.id);
-            first.push(d_handlers.len() as i32 + 1);
-            for h in &e.handlers {
-                d_events.push(e.id.as_str());
-                d_handlers.push(h.as_str());
-                d_ids.push(crate::store::new_id());
-                d_lanes.push(lane);
-                d_keys.push(e.key.as_deref());
-            }
-            last.push(d_handlers.len() as i32);
-            ids.push(e.id.as_str());
-            types.push(e.event_type.as_str());
-            keys.push(e.key.as_deref());
-            payloads.push(&e.payload);
-            headers.push(serde_json::Value::Object(e.headers.clone()));
-        }
+        let batch = Batch::of(&events);
+        let Batch {
+            ids,
+            types,
+            keys,
+            payloads,
+            headers,
+            first,
+            last,
+            d_events,
+            d_handlers,
+            d_ids,
+            d_lanes,
+            d_keys,
+        } = &batch;
         let params: [&(dyn ToSql + Sync); 12] = [
-            &ids,
-            &types,
-            &keys,
-            &payloads,
-            &headers,
-            &d_events,
-            &d_handlers,
-            &d_ids,
-            &d_lanes,
-            &d_keys,
-            &first,
-            &last,
+            ids, types, keys, payloads, headers, d_events, d_handlers, d_ids, d_lanes, d_keys,
+            first, last,
         ];
         let mut conn = self.pool.get().await?;
         let all_new = !self.republishing.load(Ordering::Relaxed)
@@ -99,43 +76,17 @@ impl PgStore {
         let (republished, added) = if all_new {
             (HashSet::new(), HashSet::new())
         } else {
-            let mut attempt = 0;
-            let row = loop {
-                attempt += 1;
-                match conn.query(&self.sql.publish, &params).await {
-                    Err(e) if attempt <= RACE_RETRIES && lost_race(&e) => continue,
-                    result => break result.map_err(db(NOTHING_WRITTEN))?.remove(0),
-                }
-            };
-            if let Some(id) = row
-                .get::<_, Option<Vec<String>>>(2)
-                .and_then(|c| c.into_iter().next())
-            {
-                return Err(StoreError::ConflictingEvent {
-                    id,
-                    why: CONFLICT_WITH_STORED,
-                });
-            }
-            let ids_in = |column| -> HashSet<String> {
-                row.get::<_, Option<Vec<_>>>(column)
-                    .into_iter()
-                    .flatten()
-                    .collect()
-            };
-            let republished = ids_in(0);
-            if republished.is_empty() {
-                self.republishing.store(false, Ordering::Relaxed);
-            }
-            (republished, ids_in(1))
+            self.republish(&mut conn, &params).await?
         };
         drop(conn);
-        let published: Vec<PublishedDelivery> = d_ids
+        let published: Vec<PublishedDelivery> = batch
+            .d_ids
             .into_iter()
             .enumerate()
-            .filter(|(i, id)| !republished.contains(d_events[*i]) || added.contains(id))
+            .filter(|(i, id)| !republished.contains(batch.d_events[*i]) || added.contains(id))
             .map(|(i, delivery_id)| PublishedDelivery {
-                event_id: d_events[i].to_owned(),
-                handler: d_handlers[i].to_owned(),
+                event_id: batch.d_events[i].to_owned(),
+                handler: batch.d_handlers[i].to_owned(),
                 delivery_id,
             })
             .collect();
@@ -143,5 +94,98 @@ impl PgStore {
             self.notifier.published();
         }
         Ok(published)
+    }
+
+    /// `publish.sql`, for a batch with events published before: it adds only the deliveries of
+    /// handlers an event never had. Returns the republished events and the deliveries added.
+    async fn republish(
+        &self,
+        conn: &mut PooledConn<'_>,
+        params: Params<'_>,
+    ) -> Result<(HashSet<String>, HashSet<String>)> {
+        let mut attempt = 0;
+        let row = loop {
+            attempt += 1;
+            match conn.query(&self.sql.publish, params).await {
+                Err(e) if attempt <= RACE_RETRIES && lost_race(&e) => continue,
+                result => break result.map_err(db(NOTHING_WRITTEN))?.remove(0),
+            }
+        };
+        if let Some(id) = row
+            .get::<_, Option<Vec<String>>>(2)
+            .and_then(|c| c.into_iter().next())
+        {
+            return Err(StoreError::ConflictingEvent {
+                id,
+                why: CONFLICT_WITH_STORED,
+            });
+        }
+        let ids_in = |column| -> HashSet<String> {
+            row.get::<_, Option<Vec<_>>>(column)
+                .into_iter()
+                .flatten()
+                .collect()
+        };
+        let republished = ids_in(0);
+        if republished.is_empty() {
+            self.republishing.store(false, Ordering::Relaxed);
+        }
+        Ok((republished, ids_in(1)))
+    }
+}
+
+/// A batch as the publish statements take it: the events as parallel arrays, and one row per
+/// (event, handler), grouped by event in event order; `first` and `last` say where each event's
+/// handlers lie in `d_handlers` (from 1).
+struct Batch<'a> {
+    ids: Vec<&'a str>,
+    types: Vec<&'a str>,
+    keys: Vec<Option<&'a str>>,
+    payloads: Vec<&'a serde_json::Value>,
+    headers: Vec<serde_json::Value>,
+    first: Vec<i32>,
+    last: Vec<i32>,
+    d_events: Vec<&'a str>,
+    d_handlers: Vec<&'a str>,
+    d_ids: Vec<String>,
+    d_lanes: Vec<i16>,
+    d_keys: Vec<Option<&'a str>>,
+}
+
+impl<'a> Batch<'a> {
+    fn of(events: &'a [NewEvent]) -> Self {
+        let n = events.len();
+        let mut b = Batch {
+            ids: Vec::with_capacity(n),
+            types: Vec::with_capacity(n),
+            keys: Vec::with_capacity(n),
+            payloads: Vec::with_capacity(n),
+            headers: Vec::with_capacity(n),
+            first: Vec::with_capacity(n),
+            last: Vec::with_capacity(n),
+            d_events: vec![],
+            d_handlers: vec![],
+            d_ids: vec![],
+            d_lanes: vec![],
+            d_keys: vec![],
+        };
+        for e in events {
+            let lane = lane_of(e.key.as_deref(), &e.id);
+            b.first.push(b.d_handlers.len() as i32 + 1);
+            for h in &e.handlers {
+                b.d_events.push(e.id.as_str());
+                b.d_handlers.push(h.as_str());
+                b.d_ids.push(crate::store::new_id());
+                b.d_lanes.push(lane);
+                b.d_keys.push(e.key.as_deref());
+            }
+            b.last.push(b.d_handlers.len() as i32);
+            b.ids.push(e.id.as_str());
+            b.types.push(e.event_type.as_str());
+            b.keys.push(e.key.as_deref());
+            b.payloads.push(&e.payload);
+            b.headers.push(serde_json::Value::Object(e.headers.clone()));
+        }
+        b
     }
 }
