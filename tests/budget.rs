@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
+use relaybus::store::prelude::*;
+
 use relaybus::store::{
-    AnyStore, ClaimRequest, ClaimStats, ClaimedDelivery, ClientCounts, NewEvent, Store,
-    StoreOptions,
+    AnyStore, ClaimRequest, ClaimStats, ClaimedDelivery, ClientCounts, NewEvent, StoreOptions,
 };
 
 use crate::common::{claim_request, open_store, reads_of, wait_until, TestDatabase, TestSchema};

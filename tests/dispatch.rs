@@ -8,7 +8,8 @@ use relaybus::dispatch::{
     DispatchOptions, Dispatcher, HandlerSpec, Reporter, RetryPolicy, Runner, Shutdown,
 };
 use relaybus::handler::{Handler, HandlerFuture, Outcome};
-use relaybus::store::{ClaimedDelivery, EventLimits, NewEvent, Store, StoreOptions};
+use relaybus::store::prelude::*;
+use relaybus::store::{ClaimedDelivery, EventLimits, NewEvent, StoreOptions};
 
 use crate::common::{open_store, TestSchema};
 

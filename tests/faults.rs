@@ -8,7 +8,8 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 
 use crate::common::cluster::{connect, TestCluster};
-use relaybus::store::{Store, StoreOptions};
+use relaybus::store::prelude::*;
+use relaybus::store::StoreOptions;
 
 use crate::common::{
     claim_request, database_url, finish, open_store, runtime, signal, spawn_worker, stderr, stdout,

@@ -7,7 +7,8 @@ use std::process::{Command as StdCommand, Stdio};
 use std::time::Duration;
 
 use mongodb::bson::{doc, Bson, Document};
-use relaybus::store::{ClaimRequest, EventLimits, NewEvent, Store, StoreOptions};
+use relaybus::store::prelude::*;
+use relaybus::store::{ClaimRequest, EventLimits, NewEvent, StoreOptions};
 use serde_json::{json, Value};
 
 use crate::common::drain::three_workers_drain_exactly_once;

@@ -3,7 +3,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use relaybus::store::{EventLimits, NewEvent, Store, StoreOptions};
+use relaybus::store::prelude::*;
+
+use relaybus::store::{EventLimits, NewEvent, StoreOptions};
 use serde_json::json;
 
 use crate::common::{connect, open_store, runtime, stderr, stdout, wait_until, TestSchema};

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use relaybus::store::{ClaimRequest, StatementOutcome, Store, StoreOptions};
+use relaybus::store::prelude::*;
+
+use relaybus::store::{ClaimRequest, StatementOutcome, StoreOptions};
 use serde_json::json;
 
 use crate::common::{

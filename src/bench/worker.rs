@@ -18,7 +18,8 @@ use crate::dispatch::{
 };
 use crate::handler::{Handler, HandlerFuture, Outcome};
 use crate::store::bench::BenchStore;
-use crate::store::{AnyStore, ClaimedDelivery, Namespace, NewEvent, Store, StoreOptions};
+use crate::store::prelude::*;
+use crate::store::{AnyStore, ClaimedDelivery, Namespace, NewEvent, StoreOptions};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -10,7 +10,8 @@ use serde_json::json;
 use super::deliveries::{print_deliveries, show_sample, Listing, Page};
 use super::output::{confirm, declined};
 use super::{GlobalArgs, Output};
-use crate::store::{DeliveryFilter, DeliveryStatus, RequeueSelector, Store, StoreOptions};
+use crate::store::prelude::*;
+use crate::store::{DeliveryFilter, DeliveryStatus, RequeueSelector, StoreOptions};
 
 /// List and requeue dead deliveries (those buried after their last attempt, exit 65 or HTTP 410).
 #[derive(Debug, Args)]

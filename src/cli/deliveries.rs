@@ -7,7 +7,8 @@ use clap::{Args, Subcommand, ValueEnum};
 
 use super::output::{cell, short_id, time, when};
 use super::{GlobalArgs, Output};
-use crate::store::{DeliveryFilter, DeliveryRow, DeliveryStatus, Store, StoreOptions};
+use crate::store::prelude::*;
+use crate::store::{DeliveryFilter, DeliveryRow, DeliveryStatus, StoreOptions};
 
 /// List and inspect deliveries.
 #[derive(Debug, Args)]

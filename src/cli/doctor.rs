@@ -8,7 +8,8 @@ use serde_json::json;
 
 use super::{GlobalArgs, Output};
 use crate::store::doctor::{examine, exit_code, fix_script, Verdict};
-use crate::store::{Store, StoreOptions};
+use crate::store::prelude::*;
+use crate::store::StoreOptions;
 
 /// Check the store's schema and health, and say what to do about each finding.
 ///

@@ -8,7 +8,8 @@ use serde_json::json;
 
 use super::output::{age, time, when};
 use super::{GlobalArgs, Output};
-use crate::store::{Store, StoreOptions};
+use crate::store::prelude::*;
+use crate::store::StoreOptions;
 
 /// Show the 256 lanes: owner, epoch, lease, in flight, pending, oldest due.
 ///

@@ -9,7 +9,8 @@ use clap::Args;
 use serde_json::{json, Map, Value};
 
 use super::{GlobalArgs, Output};
-use crate::store::{EventLimits, NewEvent, Store, StoreError, StoreOptions};
+use crate::store::prelude::*;
+use crate::store::{EventLimits, NewEvent, StoreError, StoreOptions};
 
 /// Publish events: one from flags, or many as NDJSON on standard input.
 ///

@@ -11,8 +11,9 @@ use serde_json::json;
 use super::deliveries::show_sample;
 use super::output::{confirm, declined};
 use super::{within, GlobalArgs, Output};
+use crate::store::prelude::*;
 use crate::store::{
-    purge, DeliveryFilter, DeliveryStatus, PurgeCounts, PurgeOptions, Store, StoreOptions,
+    purge, DeliveryFilter, DeliveryStatus, PurgeCounts, PurgeOptions, StoreOptions,
 };
 
 /// Delete what retention allows, in bounded batches.

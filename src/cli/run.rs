@@ -20,7 +20,8 @@ use crate::dispatch::{
     worker_name, DispatchOptions, Dispatcher, RetryPolicy, Runner, Shutdown, Summary,
 };
 use crate::handler::WebhookSecret;
-use crate::store::{AnyStore, Store, StoreOptions};
+use crate::store::prelude::*;
+use crate::store::{AnyStore, StoreOptions};
 
 /// Run a worker: claim deliveries and hand them to shell commands, webhooks or SQL
 /// statements.

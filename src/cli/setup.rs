@@ -7,7 +7,8 @@ use clap::Args;
 use serde_json::json;
 
 use super::{GlobalArgs, Output};
-use crate::store::{SchemaStatus, Store, StoreOptions, SCHEMA_VERSION};
+use crate::store::prelude::*;
+use crate::store::{SchemaStatus, StoreOptions, SCHEMA_VERSION};
 
 /// Install the store, or bring it to the current schema in place.
 ///

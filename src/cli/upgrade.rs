@@ -9,9 +9,10 @@ use serde_json::json;
 
 use super::output::{confirm, declined};
 use super::{GlobalArgs, Output};
+use crate::store::prelude::*;
 use crate::store::{
-    schema_script, AnyStore, Engine, SchemaStatus, Script, SetupOutcome, Store, StoreOptions,
-    UpgradePlan, UpgradeProgress,
+    schema_script, AnyStore, Engine, SchemaStatus, Script, SetupOutcome, StoreOptions, UpgradePlan,
+    UpgradeProgress,
 };
 
 /// Convert a 0.1 store to 0.2 in place.

@@ -109,6 +109,12 @@ impl Store for AnyStore {
     fn namespace(&self) -> &Namespace {
         on_engine!(self, s => s.namespace())
     }
+    fn client_counts(&self) -> ClientCounts {
+        on_engine!(self, s => s.client_counts())
+    }
+}
+
+impl Schema for AnyStore {
     async fn schema_status(&self) -> Result<SchemaStatus> {
         on_engine!(self, s => s.schema_status().await)
     }
@@ -125,9 +131,21 @@ impl Store for AnyStore {
     ) -> Result<SetupOutcome> {
         on_engine!(self, s => s.upgrade(force, progress).await)
     }
+}
+
+impl Doctor for AnyStore {
+    async fn doctor(&self) -> Result<Vec<super::doctor::Check>> {
+        on_engine!(self, s => s.doctor().await)
+    }
+}
+
+impl Publish for AnyStore {
     async fn publish(&self, events: &[NewEvent]) -> Result<Vec<PublishedDelivery>> {
         on_engine!(self, s => s.publish(events).await)
     }
+}
+
+impl Wake for AnyStore {
     async fn flush_wake_ups(&self) -> Result<()> {
         on_engine!(self, s => s.flush_wake_ups().await)
     }
@@ -137,23 +155,14 @@ impl Store for AnyStore {
     fn wake_up_delay(&self) -> Duration {
         on_engine!(self, s => s.wake_up_delay())
     }
+}
+
+impl Dispatch for AnyStore {
     async fn claim(&self, req: &ClaimRequest) -> Result<(Vec<ClaimedDelivery>, ClaimStats)> {
         on_engine!(self, s => s.claim(req).await)
     }
     async fn complete(&self, tokens: &[LeaseToken], history: bool) -> Result<Vec<String>> {
         on_engine!(self, s => s.complete(tokens, history).await)
-    }
-    async fn check_statement(&self, statement: &str) -> Result<()> {
-        on_engine!(self, s => s.check_statement(statement).await)
-    }
-    async fn complete_with_statement(
-        &self,
-        delivery: &ClaimedDelivery,
-        statement: &str,
-        timeout: Duration,
-        history: bool,
-    ) -> Result<StatementOutcome> {
-        on_engine!(self, s => s.complete_with_statement(delivery, statement, timeout, history).await)
     }
     async fn fail(
         &self,
@@ -166,7 +175,6 @@ impl Store for AnyStore {
     async fn blockers(&self) -> Result<Vec<BlockingSession>> {
         on_engine!(self, s => s.blockers().await)
     }
-
     async fn renew(&self, owner: &str, lease: Duration, running: &[String]) -> Result<u64> {
         on_engine!(self, s => s.renew(owner, lease, running).await)
     }
@@ -176,6 +184,24 @@ impl Store for AnyStore {
     async fn due_exists(&self, handlers: &[String]) -> Result<bool> {
         on_engine!(self, s => s.due_exists(handlers).await)
     }
+}
+
+impl SqlHandler for AnyStore {
+    async fn check_statement(&self, statement: &str) -> Result<()> {
+        on_engine!(self, s => s.check_statement(statement).await)
+    }
+    async fn complete_with_statement(
+        &self,
+        delivery: &ClaimedDelivery,
+        statement: &str,
+        timeout: Duration,
+        history: bool,
+    ) -> Result<StatementOutcome> {
+        on_engine!(self, s => s.complete_with_statement(delivery, statement, timeout, history).await)
+    }
+}
+
+impl Inspect for AnyStore {
     async fn list_deliveries(&self, filter: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
         on_engine!(self, s => s.list_deliveries(filter).await)
     }
@@ -185,29 +211,29 @@ impl Store for AnyStore {
     async fn show_event(&self, id: &str) -> Result<Option<EventDetail>> {
         on_engine!(self, s => s.show_event(id).await)
     }
-    async fn count_dead(&self, selector: &RequeueSelector) -> Result<i64> {
-        on_engine!(self, s => s.count_dead(selector).await)
-    }
-    async fn requeue(&self, selector: &RequeueSelector) -> Result<Vec<String>> {
-        on_engine!(self, s => s.requeue(selector).await)
-    }
-    async fn purge_count(&self, options: &PurgeOptions) -> Result<PurgeCounts> {
-        on_engine!(self, s => s.purge_count(options).await)
-    }
-    async fn purge_batch(&self, kind: PurgeKind, age: Duration, batch: i64) -> Result<PurgeBatch> {
-        on_engine!(self, s => s.purge_batch(kind, age, batch).await)
-    }
     async fn lanes(&self) -> Result<Vec<LaneRow>> {
         on_engine!(self, s => s.lanes().await)
     }
     async fn stats(&self) -> Result<Vec<HandlerStats>> {
         on_engine!(self, s => s.stats().await)
     }
-    fn client_counts(&self) -> ClientCounts {
-        on_engine!(self, s => s.client_counts())
+}
+
+impl DeadLetters for AnyStore {
+    async fn count_dead(&self, selector: &RequeueSelector) -> Result<i64> {
+        on_engine!(self, s => s.count_dead(selector).await)
     }
-    async fn doctor(&self) -> Result<Vec<super::doctor::Check>> {
-        on_engine!(self, s => s.doctor().await)
+    async fn requeue(&self, selector: &RequeueSelector) -> Result<Vec<String>> {
+        on_engine!(self, s => s.requeue(selector).await)
+    }
+}
+
+impl Retention for AnyStore {
+    async fn purge_count(&self, options: &PurgeOptions) -> Result<PurgeCounts> {
+        on_engine!(self, s => s.purge_count(options).await)
+    }
+    async fn purge_batch(&self, kind: PurgeKind, age: Duration, batch: i64) -> Result<PurgeBatch> {
+        on_engine!(self, s => s.purge_batch(kind, age, batch).await)
     }
 }
 

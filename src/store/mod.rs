@@ -37,13 +37,21 @@ pub use wake::{WakeUp, WakeUps};
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
-/// What every store does. Futures are `Send` so a store can serve many tasks of the dispatcher.
-pub trait Store: Send + Sync + 'static {
+/// The store's traits, for code that calls a store's methods on a concrete type.
+pub mod prelude {
+    pub use super::{
+        DeadLetters, Dispatch, Doctor, Inspect, Publish, Retention, Schema, SqlHandler, Store, Wake,
+    };
+}
+
+/// What every store does: each topic is a trait of its own, which each engine implements beside
+/// its code; a store is all of them. Futures are `Send` so a store can serve many tasks of the
+/// dispatcher.
+pub trait Store:
+    Schema + Doctor + Publish + Wake + Dispatch + SqlHandler + Inspect + DeadLetters + Retention
+{
     /// Where the store lives.
     fn namespace(&self) -> &Namespace;
-
-    /// The installed schema version, read without writing anything.
-    fn schema_status(&self) -> impl Future<Output = Result<SchemaStatus>> + Send;
 
     /// Fails with the error a command should show unless the schema is current.
     fn require_current(&self) -> impl Future<Output = Result<()>> + Send {
@@ -54,6 +62,15 @@ pub trait Store: Send + Sync + 'static {
             }
         }
     }
+
+    /// What this store has sent so far.
+    fn client_counts(&self) -> ClientCounts;
+}
+
+/// Installing, detecting and converting the schema.
+pub trait Schema: Send + Sync + 'static {
+    /// The installed schema version, read without writing anything.
+    fn schema_status(&self) -> impl Future<Output = Result<SchemaStatus>> + Send;
 
     /// Installs or converts in place, under the store's setup lock. Refuses a 0.1 store with
     /// live leases unless `force`.
@@ -69,13 +86,27 @@ pub trait Store: Send + Sync + 'static {
         force: bool,
         progress: &(dyn Fn(UpgradeProgress) + Sync),
     ) -> impl Future<Output = Result<SetupOutcome>> + Send;
+}
 
+/// The engine's own checks for `doctor`.
+pub trait Doctor: Send + Sync + 'static {
+    /// The engine's own checks for `doctor`: drift of the installed schema from this version's
+    /// (each with the statements that repair it), and what only this engine can see. Changes
+    /// nothing.
+    fn doctor(&self) -> impl Future<Output = Result<Vec<doctor::Check>>> + Send;
+}
+
+/// Publishing events.
+pub trait Publish: Send + Sync + 'static {
     /// Publishes one batch atomically; returns the deliveries that were new.
     fn publish(
         &self,
         events: &[NewEvent],
     ) -> impl Future<Output = Result<Vec<PublishedDelivery>>> + Send;
+}
 
+/// Telling workers of new work.
+pub trait Wake: Send + Sync + 'static {
     /// Sends any wake-up this store is holding back, for a caller about to exit.
     fn flush_wake_ups(&self) -> impl Future<Output = Result<()>> + Send;
 
@@ -85,7 +116,10 @@ pub trait Store: Send + Sync + 'static {
     /// How long after a commit a publishing store may hold back its wake-up: for that long
     /// after finding work, a worker polls briskly instead of waiting for one.
     fn wake_up_delay(&self) -> Duration;
+}
 
+/// The delivery path: claims, outcomes, leases.
+pub trait Dispatch: Send + Sync + 'static {
     /// Claims due deliveries for a worker atomically.
     fn claim(
         &self,
@@ -98,21 +132,6 @@ pub trait Store: Send + Sync + 'static {
         tokens: &[LeaseToken],
         history: bool,
     ) -> impl Future<Output = Result<Vec<String>>> + Send;
-
-    /// Checks a handler's statement against the store's database without running it, with the
-    /// parameters `complete_with_statement` binds.
-    fn check_statement(&self, statement: &str) -> impl Future<Output = Result<()>> + Send;
-
-    /// Runs a handler's statement with the delivery's envelope as parameters and completes the
-    /// delivery, in one transaction: both commit or neither does, so after any crash the
-    /// statement's effect exists once per delivery. `timeout` bounds the statement.
-    fn complete_with_statement(
-        &self,
-        delivery: &ClaimedDelivery,
-        statement: &str,
-        timeout: Duration,
-        history: bool,
-    ) -> impl Future<Output = Result<StatementOutcome>> + Send;
 
     /// Records a failed attempt: rescheduled, or buried at the handler's last attempt or when
     /// rejected.
@@ -148,7 +167,28 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whether any delivery of these handlers is due.
     fn due_exists(&self, handlers: &[String]) -> impl Future<Output = Result<bool>> + Send;
+}
 
+/// A SQL handler's statement, run in the store with its delivery's completion.
+pub trait SqlHandler: Send + Sync + 'static {
+    /// Checks a handler's statement against the store's database without running it, with the
+    /// parameters `complete_with_statement` binds.
+    fn check_statement(&self, statement: &str) -> impl Future<Output = Result<()>> + Send;
+
+    /// Runs a handler's statement with the delivery's envelope as parameters and completes the
+    /// delivery, in one transaction: both commit or neither does, so after any crash the
+    /// statement's effect exists once per delivery. `timeout` bounds the statement.
+    fn complete_with_statement(
+        &self,
+        delivery: &ClaimedDelivery,
+        statement: &str,
+        timeout: Duration,
+        history: bool,
+    ) -> impl Future<Output = Result<StatementOutcome>> + Send;
+}
+
+/// What operators read: deliveries, events, lanes and per-handler figures.
+pub trait Inspect: Send + Sync + 'static {
     /// Deliveries matching a filter, in creation order (completed ones newest first).
     fn list_deliveries(
         &self,
@@ -162,6 +202,13 @@ pub trait Store: Send + Sync + 'static {
 
     fn show_event(&self, id: &str) -> impl Future<Output = Result<Option<EventDetail>>> + Send;
 
+    fn lanes(&self) -> impl Future<Output = Result<Vec<LaneRow>>> + Send;
+
+    fn stats(&self) -> impl Future<Output = Result<Vec<HandlerStats>>> + Send;
+}
+
+/// Dead letters brought back.
+pub trait DeadLetters: Send + Sync + 'static {
     /// How many dead deliveries a requeue would select.
     fn count_dead(&self, selector: &RequeueSelector) -> impl Future<Output = Result<i64>> + Send;
 
@@ -171,7 +218,10 @@ pub trait Store: Send + Sync + 'static {
         &self,
         selector: &RequeueSelector,
     ) -> impl Future<Output = Result<Vec<String>>> + Send;
+}
 
+/// Deleting what retention allows, in bounded batches.
+pub trait Retention: Send + Sync + 'static {
     /// What `purge` would delete.
     fn purge_count(
         &self,
@@ -185,16 +235,4 @@ pub trait Store: Send + Sync + 'static {
         age: Duration,
         batch: i64,
     ) -> impl Future<Output = Result<PurgeBatch>> + Send;
-
-    fn lanes(&self) -> impl Future<Output = Result<Vec<LaneRow>>> + Send;
-
-    fn stats(&self) -> impl Future<Output = Result<Vec<HandlerStats>>> + Send;
-
-    /// What this store has sent so far.
-    fn client_counts(&self) -> ClientCounts;
-
-    /// The engine's own checks for `doctor`: drift of the installed schema from this version's
-    /// (each with the statements that repair it), and what only this engine can see. Changes
-    /// nothing.
-    fn doctor(&self) -> impl Future<Output = Result<Vec<doctor::Check>>> + Send;
 }

@@ -394,7 +394,7 @@ pub fn wait_in_flight(s: &TestSchema, n: i64) {
 /// Upgrades `store` through the library and returns what it reported, a step at a time: each
 /// step's number and the rows it had rewritten at every report, in order.
 pub fn upgrade_reports(store: &relaybus::store::AnyStore) -> Vec<(usize, Vec<u64>)> {
-    use relaybus::store::Store;
+    use relaybus::store::prelude::*;
     let reports = std::sync::Mutex::new(Vec::<(usize, Vec<u64>)>::new());
     block_on(store.upgrade(false, &|at| {
         let mut reports = reports.lock().unwrap();

@@ -4,10 +4,11 @@
 use std::time::Duration;
 
 use relaybus::store::lane::lane_of;
+use relaybus::store::prelude::*;
 use relaybus::store::{
     purge, ClaimRequest, ClaimedDelivery, DeliveryFilter, DeliveryRow, DeliveryStatus, EventLimits,
     FailOutcome, Failure, LeaseToken, LiveLeases, NewEvent, PublishedDelivery, PurgeCounts,
-    PurgeOptions, RequeueSelector, SchemaStatus, Store, StoreError,
+    PurgeOptions, RequeueSelector, SchemaStatus, StoreError,
 };
 use serde_json::json;
 

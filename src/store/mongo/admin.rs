@@ -13,8 +13,9 @@ use super::publish::bson_i64;
 use super::{MongoStore, COMPLETIONS, DELIVERIES, EVENTS, READY};
 use crate::store::lane::lane_of;
 use crate::store::{
-    DeliveryDetail, DeliveryFilter, DeliveryRow, DeliveryStatus, EventDetail, HandlerStats,
-    LaneRow, LeaseToken, PurgeBatch, PurgeCounts, PurgeKind, PurgeOptions, RequeueSelector, Result,
+    DeadLetters, DeliveryDetail, DeliveryFilter, DeliveryRow, DeliveryStatus, EventDetail,
+    HandlerStats, Inspect, LaneRow, LeaseToken, PurgeBatch, PurgeCounts, PurgeKind, PurgeOptions,
+    RequeueSelector, Result, Retention,
 };
 
 /// Deliveries shown with one event.
@@ -86,76 +87,6 @@ impl MongoStore {
             .collect())
     }
 
-    pub(super) async fn list_deliveries_impl(
-        &self,
-        f: &DeliveryFilter,
-    ) -> Result<Vec<DeliveryRow>> {
-        if f.status == Some(DeliveryStatus::Completed) {
-            return self.list_completed(f).await;
-        }
-        let failed = self.conn.error("could not list deliveries");
-        let in_flight = self.in_flight().await?;
-        let live: Vec<&str> = in_flight.iter().map(String::as_str).collect();
-        let mut m = Document::new();
-        match f.status {
-            Some(DeliveryStatus::Dead) => {
-                m.insert("status", "dead");
-            }
-            Some(DeliveryStatus::Pending) => {
-                m.insert("status", "pending");
-                m.insert("_id", doc! { "$nin": &live });
-            }
-            Some(DeliveryStatus::Processing) => {
-                m.insert("status", "pending");
-                m.insert("_id", doc! { "$in": &live });
-            }
-            _ => {}
-        }
-        if let Some(h) = &f.handler {
-            m.insert("handler", h);
-        }
-        if let Some(k) = &f.key {
-            m.insert("key", k);
-            m.insert("laneId", i32::from(lane_of(Some(k), "")));
-        }
-        if let Some(e) = &f.event_id {
-            m.insert("eventId", e);
-        }
-        if let Some(after) = &f.after {
-            m = doc! { "$and": [m, { "_id": { "$gt": after } }] };
-        }
-        let mut pipeline = vec![
-            doc! { "$match": m },
-            doc! { "$sort": { "_id": 1 } },
-            with_type(&self.name(EVENTS)),
-        ];
-        if let Some(t) = &f.event_type {
-            pipeline.push(doc! { "$match": { "event.type": t } });
-        }
-        pipeline.push(doc! { "$limit": f.limit });
-        let cursor = self
-            .conn
-            .collection(&self.name(DELIVERIES))
-            .await?
-            .aggregate(pipeline)
-            .await
-            .map_err(&failed)?;
-        Ok(all(cursor)
-            .await
-            .map_err(&failed)?
-            .into_iter()
-            .filter_map(|d| {
-                let event_type = type_of(&d)
-                    .and_then(|e| e.get_str("type").ok())
-                    .unwrap_or_default()
-                    .to_owned();
-                let delivery: Delivery = mongodb::bson::from_document(d).ok()?;
-                let processing = in_flight.contains(&delivery.id);
-                Some(delivery.row(event_type, processing))
-            })
-            .collect())
-    }
-
     /// Completed rows kept from 0.1 and the completion history, newest first.
     async fn list_completed(&self, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
         let failed = self.conn.error("could not list completed deliveries");
@@ -224,7 +155,116 @@ impl MongoStore {
         Ok(rows)
     }
 
-    pub(super) async fn show_delivery_impl(&self, id: &str) -> Result<Option<DeliveryDetail>> {
+    /// Events older than the cutoff without deliveries, deleted in a transaction that reads
+    /// their deliveries: a publish that adds one to such an event writes the event too, so the
+    /// two conflict and the event is kept.
+    async fn purge_events(&self, cutoff: DateTime, batch: i64) -> Result<PurgeBatch> {
+        let events = self.conn.collection(&self.name(EVENTS)).await?;
+        let delivery_name = self.name(DELIVERIES);
+        self.conn
+            .transaction("could not purge events", async move |s| {
+                let cursor = events
+                    .aggregate([
+                        doc! { "$match": { "createdAt": { "$lt": cutoff } } },
+                        doc! { "$sort": { "createdAt": 1 } },
+                        doc! { "$lookup": {
+                            "from": &delivery_name, "localField": "_id", "foreignField": "eventId",
+                            "as": "left", "pipeline": [{ "$limit": 1 }, { "$project": { "_id": 1 } }],
+                        } },
+                        doc! { "$match": { "left": { "$size": 0 } } },
+                        doc! { "$limit": batch },
+                        doc! { "$project": { "_id": 1 } },
+                    ])
+                    .session(&mut *s)
+                    .await?;
+                let ids: Vec<Bson> = super::model::all_in(cursor, s)
+                    .await?
+                    .into_iter()
+                    .filter_map(|d| d.get("_id").cloned())
+                    .collect();
+                let deleted = events
+                    .delete_many(doc! { "_id": { "$in": &ids } })
+                    .session(&mut *s)
+                    .await?
+                    .deleted_count as i64;
+                Ok(PurgeBatch {
+                    deleted,
+                    more: ids.len() as i64 == batch,
+                })
+            })
+            .await
+    }
+}
+
+impl Inspect for MongoStore {
+    async fn list_deliveries(&self, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
+        if f.status == Some(DeliveryStatus::Completed) {
+            return self.list_completed(f).await;
+        }
+        let failed = self.conn.error("could not list deliveries");
+        let in_flight = self.in_flight().await?;
+        let live: Vec<&str> = in_flight.iter().map(String::as_str).collect();
+        let mut m = Document::new();
+        match f.status {
+            Some(DeliveryStatus::Dead) => {
+                m.insert("status", "dead");
+            }
+            Some(DeliveryStatus::Pending) => {
+                m.insert("status", "pending");
+                m.insert("_id", doc! { "$nin": &live });
+            }
+            Some(DeliveryStatus::Processing) => {
+                m.insert("status", "pending");
+                m.insert("_id", doc! { "$in": &live });
+            }
+            _ => {}
+        }
+        if let Some(h) = &f.handler {
+            m.insert("handler", h);
+        }
+        if let Some(k) = &f.key {
+            m.insert("key", k);
+            m.insert("laneId", i32::from(lane_of(Some(k), "")));
+        }
+        if let Some(e) = &f.event_id {
+            m.insert("eventId", e);
+        }
+        if let Some(after) = &f.after {
+            m = doc! { "$and": [m, { "_id": { "$gt": after } }] };
+        }
+        let mut pipeline = vec![
+            doc! { "$match": m },
+            doc! { "$sort": { "_id": 1 } },
+            with_type(&self.name(EVENTS)),
+        ];
+        if let Some(t) = &f.event_type {
+            pipeline.push(doc! { "$match": { "event.type": t } });
+        }
+        pipeline.push(doc! { "$limit": f.limit });
+        let cursor = self
+            .conn
+            .collection(&self.name(DELIVERIES))
+            .await?
+            .aggregate(pipeline)
+            .await
+            .map_err(&failed)?;
+        Ok(all(cursor)
+            .await
+            .map_err(&failed)?
+            .into_iter()
+            .filter_map(|d| {
+                let event_type = type_of(&d)
+                    .and_then(|e| e.get_str("type").ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                let delivery: Delivery = mongodb::bson::from_document(d).ok()?;
+                let processing = in_flight.contains(&delivery.id);
+                Some(delivery.row(event_type, processing))
+            })
+            .collect())
+    }
+
+    async fn show_delivery(&self, id: &str) -> Result<Option<DeliveryDetail>> {
         let failed = self.conn.error("could not read the delivery");
         let found = self
             .conn
@@ -283,7 +323,7 @@ impl MongoStore {
         }))
     }
 
-    pub(super) async fn show_event_impl(&self, id: &str) -> Result<Option<EventDetail>> {
+    async fn show_event(&self, id: &str) -> Result<Option<EventDetail>> {
         let found = self
             .conn
             .collection(&self.name(EVENTS))
@@ -295,7 +335,7 @@ impl MongoStore {
             return Ok(None);
         };
         let deliveries = self
-            .list_deliveries_impl(&DeliveryFilter {
+            .list_deliveries(&DeliveryFilter {
                 event_id: Some(id.to_owned()),
                 limit: EVENT_DELIVERIES,
                 ..Default::default()
@@ -326,195 +366,7 @@ impl MongoStore {
         }))
     }
 
-    pub(super) async fn count_dead_impl(&self, s: &RequeueSelector) -> Result<i64> {
-        Ok(self.selected_dead(s).await?.len() as i64)
-    }
-
-    /// Every selected delivery still dead becomes pending, due now, with a fresh budget and a new
-    /// claim; a keyed one holds back its key's followers as any head does.
-    pub(super) async fn requeue_impl(&self, s: &RequeueSelector) -> Result<Vec<String>> {
-        let ids = self.selected_dead(s).await?;
-        if ids.is_empty() {
-            return Ok(ids);
-        }
-        let deliveries = self.conn.collection(&self.name(DELIVERIES)).await?;
-        self.conn
-            .transaction("could not requeue", async move |session| {
-                let cursor = deliveries
-                    .find(doc! { "_id": { "$in": &ids }, "status": "dead" })
-                    .projection(doc! { "_id": 1 })
-                    .session(&mut *session)
-                    .await?;
-                let still: Vec<String> = super::model::all_in(cursor, session)
-                    .await?
-                    .iter()
-                    .filter_map(|d| d.get_str("_id").ok().map(str::to_owned))
-                    .collect();
-                let now = DateTime::now();
-                deliveries
-                    .update_many(
-                        doc! { "_id": { "$in": &still }, "status": "dead" },
-                        doc! {
-                            "$set": {
-                                "status": "pending", "attempts": 0, "dueAt": now,
-                                "updatedAt": now, "lane": READY, "holdsBack": 1,
-                            },
-                            "$inc": { "claims": 1 },
-                        },
-                    )
-                    .session(&mut *session)
-                    .await?;
-                Ok(still)
-            })
-            .await
-    }
-
-    pub(super) async fn purge_count_impl(&self, o: &PurgeOptions) -> Result<PurgeCounts> {
-        let failed = self.conn.error("could not count what a purge would delete");
-        let deliveries = self.conn.collection(&self.name(DELIVERIES)).await?;
-        let mut counts = PurgeCounts::default();
-        if let Some(age) = o.dead_older_than {
-            counts.dead = deliveries
-                .count_documents(doc! { "status": "dead", "updatedAt": { "$lt": before(age) } })
-                .await
-                .map_err(&failed)? as i64;
-        }
-        let Some(age) = o.completed_older_than else {
-            return Ok(counts);
-        };
-        let cutoff = before(age);
-        counts.completed = deliveries
-            .count_documents(doc! { "status": "completed", "completedAt": { "$lt": cutoff } })
-            .await
-            .map_err(&failed)? as i64;
-        counts.history = self
-            .conn
-            .collection(&self.name(COMPLETIONS))
-            .await?
-            .count_documents(doc! { "completedAt": { "$lt": cutoff } })
-            .await
-            .map_err(&failed)? as i64;
-        // Events old enough whose every delivery goes in this purge.
-        let mut gone = vec![doc! { "status": "completed", "completedAt": { "$lt": cutoff } }];
-        if let Some(dead_age) = o.dead_older_than {
-            gone.push(doc! { "status": "dead", "updatedAt": { "$lt": before(dead_age) } });
-        }
-        let cursor = self
-            .conn
-            .collection(&self.name(EVENTS))
-            .await?
-            .aggregate([
-                doc! { "$match": { "createdAt": { "$lt": cutoff } } },
-                doc! { "$lookup": {
-                    "from": self.name(DELIVERIES), "localField": "_id", "foreignField": "eventId",
-                    "as": "left",
-                    "pipeline": [{ "$match": { "$nor": gone } }, { "$limit": 1 }, { "$project": { "_id": 1 } }],
-                } },
-                doc! { "$match": { "left": { "$size": 0 } } },
-                doc! { "$count": "n" },
-            ])
-            .await
-            .map_err(&failed)?;
-        counts.events = all(cursor)
-            .await
-            .map_err(&failed)?
-            .first()
-            .and_then(|d| d.get("n").map(bson_i64))
-            .unwrap_or(0);
-        Ok(counts)
-    }
-
-    pub(super) async fn purge_batch_impl(
-        &self,
-        kind: PurgeKind,
-        age: Duration,
-        batch: i64,
-    ) -> Result<PurgeBatch> {
-        let cutoff = before(age);
-        let (collection, filter, order) = match kind {
-            PurgeKind::Dead => (
-                DELIVERIES,
-                doc! { "status": "dead", "updatedAt": { "$lt": cutoff } },
-                doc! { "updatedAt": 1 },
-            ),
-            PurgeKind::Completed => (
-                DELIVERIES,
-                doc! { "status": "completed", "completedAt": { "$lt": cutoff } },
-                doc! { "completedAt": 1 },
-            ),
-            PurgeKind::History => (
-                COMPLETIONS,
-                doc! { "completedAt": { "$lt": cutoff } },
-                doc! { "completedAt": 1 },
-            ),
-            PurgeKind::Events => return self.purge_events(cutoff, batch).await,
-        };
-        let failed = self.conn.error("could not purge");
-        let coll = self.conn.collection(&self.name(collection)).await?;
-        let ids: Vec<Bson> = all(coll
-            .find(filter)
-            .sort(order)
-            .limit(batch)
-            .projection(doc! { "_id": 1 })
-            .await
-            .map_err(&failed)?)
-        .await
-        .map_err(&failed)?
-        .into_iter()
-        .filter_map(|d| d.get("_id").cloned())
-        .collect();
-        let deleted = coll
-            .delete_many(doc! { "_id": { "$in": &ids } })
-            .await
-            .map_err(&failed)?
-            .deleted_count as i64;
-        Ok(PurgeBatch {
-            deleted,
-            more: ids.len() as i64 == batch,
-        })
-    }
-
-    /// Events older than the cutoff without deliveries, deleted in a transaction that reads
-    /// their deliveries: a publish that adds one to such an event writes the event too, so the
-    /// two conflict and the event is kept.
-    async fn purge_events(&self, cutoff: DateTime, batch: i64) -> Result<PurgeBatch> {
-        let events = self.conn.collection(&self.name(EVENTS)).await?;
-        let delivery_name = self.name(DELIVERIES);
-        self.conn
-            .transaction("could not purge events", async move |s| {
-                let cursor = events
-                    .aggregate([
-                        doc! { "$match": { "createdAt": { "$lt": cutoff } } },
-                        doc! { "$sort": { "createdAt": 1 } },
-                        doc! { "$lookup": {
-                            "from": &delivery_name, "localField": "_id", "foreignField": "eventId",
-                            "as": "left", "pipeline": [{ "$limit": 1 }, { "$project": { "_id": 1 } }],
-                        } },
-                        doc! { "$match": { "left": { "$size": 0 } } },
-                        doc! { "$limit": batch },
-                        doc! { "$project": { "_id": 1 } },
-                    ])
-                    .session(&mut *s)
-                    .await?;
-                let ids: Vec<Bson> = super::model::all_in(cursor, s)
-                    .await?
-                    .into_iter()
-                    .filter_map(|d| d.get("_id").cloned())
-                    .collect();
-                let deleted = events
-                    .delete_many(doc! { "_id": { "$in": &ids } })
-                    .session(&mut *s)
-                    .await?
-                    .deleted_count as i64;
-                Ok(PurgeBatch {
-                    deleted,
-                    more: ids.len() as i64 == batch,
-                })
-            })
-            .await
-    }
-
-    pub(super) async fn lanes_impl(&self) -> Result<Vec<LaneRow>> {
+    async fn lanes(&self) -> Result<Vec<LaneRow>> {
         let failed = self.conn.error("could not read the lanes");
         let now = DateTime::now();
         let lanes: Vec<Lane> = all(self
@@ -583,7 +435,7 @@ impl MongoStore {
             .collect())
     }
 
-    pub(super) async fn stats_impl(&self) -> Result<Vec<HandlerStats>> {
+    async fn stats(&self) -> Result<Vec<HandlerStats>> {
         let failed = self.conn.error("could not compute statistics");
         let live = self.in_flight().await?;
         let live: Vec<&str> = live.iter().map(String::as_str).collect();
@@ -654,5 +506,152 @@ impl MongoStore {
             entry.completed += d.get("n").map(bson_i64).unwrap_or(0);
         }
         Ok(stats.into_values().collect())
+    }
+}
+
+impl DeadLetters for MongoStore {
+    async fn count_dead(&self, s: &RequeueSelector) -> Result<i64> {
+        Ok(self.selected_dead(s).await?.len() as i64)
+    }
+
+    /// Every selected delivery still dead becomes pending, due now, with a fresh budget and a new
+    /// claim; a keyed one holds back its key's followers as any head does.
+    async fn requeue(&self, s: &RequeueSelector) -> Result<Vec<String>> {
+        let ids = self.selected_dead(s).await?;
+        if ids.is_empty() {
+            return Ok(ids);
+        }
+        let deliveries = self.conn.collection(&self.name(DELIVERIES)).await?;
+        self.conn
+            .transaction("could not requeue", async move |session| {
+                let cursor = deliveries
+                    .find(doc! { "_id": { "$in": &ids }, "status": "dead" })
+                    .projection(doc! { "_id": 1 })
+                    .session(&mut *session)
+                    .await?;
+                let still: Vec<String> = super::model::all_in(cursor, session)
+                    .await?
+                    .iter()
+                    .filter_map(|d| d.get_str("_id").ok().map(str::to_owned))
+                    .collect();
+                let now = DateTime::now();
+                deliveries
+                    .update_many(
+                        doc! { "_id": { "$in": &still }, "status": "dead" },
+                        doc! {
+                            "$set": {
+                                "status": "pending", "attempts": 0, "dueAt": now,
+                                "updatedAt": now, "lane": READY, "holdsBack": 1,
+                            },
+                            "$inc": { "claims": 1 },
+                        },
+                    )
+                    .session(&mut *session)
+                    .await?;
+                Ok(still)
+            })
+            .await
+    }
+}
+
+impl Retention for MongoStore {
+    async fn purge_count(&self, o: &PurgeOptions) -> Result<PurgeCounts> {
+        let failed = self.conn.error("could not count what a purge would delete");
+        let deliveries = self.conn.collection(&self.name(DELIVERIES)).await?;
+        let mut counts = PurgeCounts::default();
+        if let Some(age) = o.dead_older_than {
+            counts.dead = deliveries
+                .count_documents(doc! { "status": "dead", "updatedAt": { "$lt": before(age) } })
+                .await
+                .map_err(&failed)? as i64;
+        }
+        let Some(age) = o.completed_older_than else {
+            return Ok(counts);
+        };
+        let cutoff = before(age);
+        counts.completed = deliveries
+            .count_documents(doc! { "status": "completed", "completedAt": { "$lt": cutoff } })
+            .await
+            .map_err(&failed)? as i64;
+        counts.history = self
+            .conn
+            .collection(&self.name(COMPLETIONS))
+            .await?
+            .count_documents(doc! { "completedAt": { "$lt": cutoff } })
+            .await
+            .map_err(&failed)? as i64;
+        // Events old enough whose every delivery goes in this purge.
+        let mut gone = vec![doc! { "status": "completed", "completedAt": { "$lt": cutoff } }];
+        if let Some(dead_age) = o.dead_older_than {
+            gone.push(doc! { "status": "dead", "updatedAt": { "$lt": before(dead_age) } });
+        }
+        let cursor = self
+            .conn
+            .collection(&self.name(EVENTS))
+            .await?
+            .aggregate([
+                doc! { "$match": { "createdAt": { "$lt": cutoff } } },
+                doc! { "$lookup": {
+                    "from": self.name(DELIVERIES), "localField": "_id", "foreignField": "eventId",
+                    "as": "left",
+                    "pipeline": [{ "$match": { "$nor": gone } }, { "$limit": 1 }, { "$project": { "_id": 1 } }],
+                } },
+                doc! { "$match": { "left": { "$size": 0 } } },
+                doc! { "$count": "n" },
+            ])
+            .await
+            .map_err(&failed)?;
+        counts.events = all(cursor)
+            .await
+            .map_err(&failed)?
+            .first()
+            .and_then(|d| d.get("n").map(bson_i64))
+            .unwrap_or(0);
+        Ok(counts)
+    }
+
+    async fn purge_batch(&self, kind: PurgeKind, age: Duration, batch: i64) -> Result<PurgeBatch> {
+        let cutoff = before(age);
+        let (collection, filter, order) = match kind {
+            PurgeKind::Dead => (
+                DELIVERIES,
+                doc! { "status": "dead", "updatedAt": { "$lt": cutoff } },
+                doc! { "updatedAt": 1 },
+            ),
+            PurgeKind::Completed => (
+                DELIVERIES,
+                doc! { "status": "completed", "completedAt": { "$lt": cutoff } },
+                doc! { "completedAt": 1 },
+            ),
+            PurgeKind::History => (
+                COMPLETIONS,
+                doc! { "completedAt": { "$lt": cutoff } },
+                doc! { "completedAt": 1 },
+            ),
+            PurgeKind::Events => return self.purge_events(cutoff, batch).await,
+        };
+        let failed = self.conn.error("could not purge");
+        let coll = self.conn.collection(&self.name(collection)).await?;
+        let ids: Vec<Bson> = all(coll
+            .find(filter)
+            .sort(order)
+            .limit(batch)
+            .projection(doc! { "_id": 1 })
+            .await
+            .map_err(&failed)?)
+        .await
+        .map_err(&failed)?
+        .into_iter()
+        .filter_map(|d| d.get("_id").cloned())
+        .collect();
+        let deleted = coll
+            .delete_many(doc! { "_id": { "$in": &ids } })
+            .await
+            .map_err(&failed)?
+            .deleted_count as i64;
+        Ok(PurgeBatch {
+            deleted,
+            more: ids.len() as i64 == batch,
+        })
     }
 }

@@ -24,7 +24,7 @@ use super::{MongoStore, COMPLETIONS, DELIVERIES, EVENTS, LANES, READY};
 use crate::backoff::Backoff;
 use crate::store::mongo::json;
 use crate::store::{
-    ClaimRequest, ClaimStats, ClaimedDelivery, FailOutcome, Failure, LeaseToken, Result,
+    ClaimRequest, ClaimStats, ClaimedDelivery, Dispatch, FailOutcome, Failure, LeaseToken, Result,
 };
 
 /// Due deliveries read beyond the batch, so that followers blocked behind a running head of
@@ -185,69 +185,6 @@ async fn record_history(
 impl MongoStore {
     pub(super) async fn lane_collection(&self) -> Result<Collection<Lane>> {
         Ok(self.conn.database().await?.collection(&self.name(LANES)))
-    }
-
-    pub(super) async fn claim_impl(
-        &self,
-        req: &ClaimRequest,
-    ) -> Result<(Vec<ClaimedDelivery>, ClaimStats)> {
-        let now = DateTime::now();
-        let failed = self.conn.error("could not claim deliveries");
-        let lanes_coll = self.lane_collection().await?;
-        let deliveries = self.conn.collection(&self.name(DELIVERIES)).await?;
-        let mut lanes: Vec<Lane> = all(lanes_coll.find(doc! {}).await.map_err(&failed)?)
-            .await
-            .map_err(&failed)?;
-        lanes.retain(|l| req.lanes.holds(l.lane));
-        let mut stats = ClaimStats::default();
-        // Losses of an earlier takeover of ours that could not be charged come first.
-        let unpaid: Vec<Unpaid> = lanes
-            .iter()
-            .filter(|l| self.mine(l, req) && !l.lost.is_empty())
-            .map(Unpaid::of)
-            .collect();
-        let (charged, paid) = self.charge(&unpaid, req).await?;
-        stats.charged += charged;
-        for l in lanes.iter_mut().filter(|l| paid.contains(&l.lane)) {
-            l.lost.clear();
-        }
-        let held: Vec<&Lane> = lanes.iter().filter(|l| self.mine(l, req)).collect();
-        // Losses not charged yet are not handed out again before they are.
-        let busy: Vec<&str> = held
-            .iter()
-            .flat_map(|l| l.in_flight.iter().chain(&l.lost).map(String::as_str))
-            .collect();
-        let mut picks: Vec<Candidate> = vec![];
-        let mut blocked = vec![];
-        if !held.is_empty() {
-            let ids: Vec<i32> = held.iter().map(|l| l.lane).collect();
-            let (eligible, b) = self
-                .candidates(&deliveries, &ids, &busy, req, now, req.batch)
-                .await?;
-            picks.extend(eligible);
-            blocked.extend(b);
-        }
-        let (mut fresh, mut takeovers) = (vec![], vec![]);
-        if req.new_lanes > 0 && (picks.len() as i64) < req.batch {
-            (fresh, takeovers) = self.lanes_to_take(&deliveries, &lanes, req, now).await?;
-            if !fresh.is_empty() {
-                let ids: Vec<i32> = fresh.iter().map(|l| l.lane).collect();
-                let want = req.batch - picks.len() as i64;
-                let (eligible, b) = self
-                    .candidates(&deliveries, &ids, &[], req, now, want)
-                    .await?;
-                picks.extend(eligible);
-                blocked.extend(b);
-            }
-        }
-        let (updates, intents) = self.lane_updates(&held, &fresh, &takeovers, picks, req);
-        let landed = self.write_lanes(&lanes_coll, updates, intents, req).await?;
-        stats.lanes_taken = landed.iter().filter(|i| i.fresh).count() as i64;
-        let unpaid: Vec<Unpaid> = landed.iter().filter_map(Unpaid::taken).collect();
-        stats.charged += self.charge(&unpaid, req).await?.0;
-        self.park(&blocked).await;
-        let claimed = self.with_events(landed).await?;
-        Ok((claimed, stats))
     }
 
     /// A lane this store instance holds for the worker. Its lease may have expired: until another
@@ -662,11 +599,84 @@ impl MongoStore {
             .collect())
     }
 
-    pub(super) async fn complete_impl(
-        &self,
-        tokens: &[LeaseToken],
-        history: bool,
-    ) -> Result<Vec<String>> {
+    /// Ids in flight under live leases, for listings and statistics.
+    pub(super) async fn in_flight(&self) -> Result<HashSet<String>> {
+        let failed = self.conn.error("could not read the lanes");
+        let now = DateTime::now();
+        let lanes = all(self
+            .lane_collection()
+            .await?
+            .find(doc! { "leaseExpiresAt": { "$gt": now } })
+            .await
+            .map_err(&failed)?)
+        .await
+        .map_err(&failed)?;
+        Ok(lanes.into_iter().flat_map(|l| l.in_flight).collect())
+    }
+}
+
+impl Dispatch for MongoStore {
+    async fn claim(&self, req: &ClaimRequest) -> Result<(Vec<ClaimedDelivery>, ClaimStats)> {
+        let now = DateTime::now();
+        let failed = self.conn.error("could not claim deliveries");
+        let lanes_coll = self.lane_collection().await?;
+        let deliveries = self.conn.collection(&self.name(DELIVERIES)).await?;
+        let mut lanes: Vec<Lane> = all(lanes_coll.find(doc! {}).await.map_err(&failed)?)
+            .await
+            .map_err(&failed)?;
+        lanes.retain(|l| req.lanes.holds(l.lane));
+        let mut stats = ClaimStats::default();
+        // Losses of an earlier takeover of ours that could not be charged come first.
+        let unpaid: Vec<Unpaid> = lanes
+            .iter()
+            .filter(|l| self.mine(l, req) && !l.lost.is_empty())
+            .map(Unpaid::of)
+            .collect();
+        let (charged, paid) = self.charge(&unpaid, req).await?;
+        stats.charged += charged;
+        for l in lanes.iter_mut().filter(|l| paid.contains(&l.lane)) {
+            l.lost.clear();
+        }
+        let held: Vec<&Lane> = lanes.iter().filter(|l| self.mine(l, req)).collect();
+        // Losses not charged yet are not handed out again before they are.
+        let busy: Vec<&str> = held
+            .iter()
+            .flat_map(|l| l.in_flight.iter().chain(&l.lost).map(String::as_str))
+            .collect();
+        let mut picks: Vec<Candidate> = vec![];
+        let mut blocked = vec![];
+        if !held.is_empty() {
+            let ids: Vec<i32> = held.iter().map(|l| l.lane).collect();
+            let (eligible, b) = self
+                .candidates(&deliveries, &ids, &busy, req, now, req.batch)
+                .await?;
+            picks.extend(eligible);
+            blocked.extend(b);
+        }
+        let (mut fresh, mut takeovers) = (vec![], vec![]);
+        if req.new_lanes > 0 && (picks.len() as i64) < req.batch {
+            (fresh, takeovers) = self.lanes_to_take(&deliveries, &lanes, req, now).await?;
+            if !fresh.is_empty() {
+                let ids: Vec<i32> = fresh.iter().map(|l| l.lane).collect();
+                let want = req.batch - picks.len() as i64;
+                let (eligible, b) = self
+                    .candidates(&deliveries, &ids, &[], req, now, want)
+                    .await?;
+                picks.extend(eligible);
+                blocked.extend(b);
+            }
+        }
+        let (updates, intents) = self.lane_updates(&held, &fresh, &takeovers, picks, req);
+        let landed = self.write_lanes(&lanes_coll, updates, intents, req).await?;
+        stats.lanes_taken = landed.iter().filter(|i| i.fresh).count() as i64;
+        let unpaid: Vec<Unpaid> = landed.iter().filter_map(Unpaid::taken).collect();
+        stats.charged += self.charge(&unpaid, req).await?.0;
+        self.park(&blocked).await;
+        let claimed = self.with_events(landed).await?;
+        Ok((claimed, stats))
+    }
+
+    async fn complete(&self, tokens: &[LeaseToken], history: bool) -> Result<Vec<String>> {
         if tokens.is_empty() {
             return Ok(vec![]);
         }
@@ -708,7 +718,7 @@ impl MongoStore {
             .await
     }
 
-    pub(super) async fn fail_impl(
+    async fn fail(
         &self,
         token: &LeaseToken,
         failure: &Failure,
@@ -776,7 +786,7 @@ impl MongoStore {
 
     /// Lanes whose takeover's losses are not charged yet are renewed too: their holder charges
     /// them at its next claims.
-    pub(super) async fn renew_impl(
+    async fn renew(
         &self,
         owner: &str,
         lease: std::time::Duration,
@@ -796,7 +806,7 @@ impl MongoStore {
         Ok(updated.matched_count)
     }
 
-    pub(super) async fn release_impl(&self, owner: &str, aborted: &[LeaseToken]) -> Result<u64> {
+    async fn release(&self, owner: &str, aborted: &[LeaseToken]) -> Result<u64> {
         let lanes = self.lane_collection().await?;
         let deliveries = self.conn.collection(&self.name(DELIVERIES)).await?;
         let mine = doc! { "owner": owner, "holder": &self.holder };
@@ -839,7 +849,7 @@ impl MongoStore {
             .await
     }
 
-    pub(super) async fn due_exists_impl(&self, handlers: &[String]) -> Result<bool> {
+    async fn due_exists(&self, handlers: &[String]) -> Result<bool> {
         let deliveries = self.conn.collection(&self.name(DELIVERIES)).await?;
         let filter = due(None, handlers, DateTime::now());
         let found = deliveries
@@ -848,21 +858,6 @@ impl MongoStore {
             .await
             .map_err(self.conn.error("could not look for due deliveries"))?;
         Ok(found.is_some())
-    }
-
-    /// Ids in flight under live leases, for listings and statistics.
-    pub(super) async fn in_flight(&self) -> Result<HashSet<String>> {
-        let failed = self.conn.error("could not read the lanes");
-        let now = DateTime::now();
-        let lanes = all(self
-            .lane_collection()
-            .await?
-            .find(doc! { "leaseExpiresAt": { "$gt": now } })
-            .await
-            .map_err(&failed)?)
-        .await
-        .map_err(&failed)?;
-        Ok(lanes.into_iter().flat_map(|l| l.in_flight).collect())
     }
 }
 
@@ -874,7 +869,8 @@ pub(super) mod tests {
     use tokio::sync::Notify;
 
     use crate::store::mongo::MongoStore;
-    use crate::store::{ClaimRequest, EventLimits, Namespace, NewEvent, Store, StoreOptions};
+    use crate::store::prelude::*;
+    use crate::store::{ClaimRequest, EventLimits, Namespace, NewEvent, StoreOptions};
 
     /// Where a paused completion tells it has read (or, `after_writes`, written), and waits to
     /// be let go.

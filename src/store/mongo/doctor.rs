@@ -9,26 +9,9 @@ use super::model::all;
 use super::schema::{collection_js, drift, indexes, js, IndexSpec, COLLECTIONS, VERSION_ID};
 use super::{MongoStore, DELIVERIES, LANES, PARKED, SCHEMA};
 use crate::store::doctor::Check;
-use crate::store::{Result, SCHEMA_VERSION};
+use crate::store::{Doctor, Result, SCHEMA_VERSION};
 
 impl MongoStore {
-    pub(super) async fn doctor_impl(&self) -> Result<Vec<Check>> {
-        let existing = self.existing().await?;
-        let has = |c: &str| existing.iter().any(|e| e == c);
-        let mut checks = self.collection_checks(&existing);
-        checks.extend(self.index_checks(&existing).await?);
-        if has(LANES) {
-            checks.push(self.lane_check().await?);
-        }
-        if has(SCHEMA) {
-            checks.push(self.version_check().await?);
-        }
-        if has(DELIVERIES) {
-            checks.push(self.stranded().await?);
-        }
-        Ok(checks)
-    }
-
     /// The missing collections, each with the script that creates it and its indexes.
     fn collection_checks(&self, existing: &[String]) -> Vec<Check> {
         let mut checks: Vec<Check> = COLLECTIONS
@@ -208,4 +191,23 @@ fn create_index(coll: &str, spec: &IndexSpec) -> String {
 
 fn quoted(text: &str) -> String {
     serde_json::to_string(text).expect("a string serialises")
+}
+
+impl Doctor for MongoStore {
+    async fn doctor(&self) -> Result<Vec<Check>> {
+        let existing = self.existing().await?;
+        let has = |c: &str| existing.iter().any(|e| e == c);
+        let mut checks = self.collection_checks(&existing);
+        checks.extend(self.index_checks(&existing).await?);
+        if has(LANES) {
+            checks.push(self.lane_check().await?);
+        }
+        if has(SCHEMA) {
+            checks.push(self.version_check().await?);
+        }
+        if has(DELIVERIES) {
+            checks.push(self.stranded().await?);
+        }
+        Ok(checks)
+    }
 }

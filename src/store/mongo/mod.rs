@@ -78,51 +78,13 @@ impl Store for MongoStore {
         &self.ns
     }
 
-    async fn schema_status(&self) -> Result<SchemaStatus> {
-        self.detect().await
+    fn client_counts(&self) -> ClientCounts {
+        self.conn.counts()
     }
+}
 
-    async fn setup(&self, force: bool) -> Result<SetupOutcome> {
-        self.setup_impl(force).await
-    }
-
-    async fn upgrade_plan(&self) -> Result<UpgradePlan> {
-        self.upgrade_plan_impl().await
-    }
-
-    async fn upgrade(
-        &self,
-        force: bool,
-        progress: &(dyn Fn(UpgradeProgress) + Sync),
-    ) -> Result<SetupOutcome> {
-        self.upgrade_impl(force, progress).await
-    }
-
-    async fn publish(&self, events: &[NewEvent]) -> Result<Vec<PublishedDelivery>> {
-        self.publish_impl(events).await
-    }
-
-    /// Workers learn of new deliveries from a change stream: nothing is held back.
-    async fn flush_wake_ups(&self) -> Result<()> {
-        Ok(())
-    }
-
-    fn wake_ups(&self) -> Option<WakeUps> {
-        Some(self.watch())
-    }
-
-    fn wake_up_delay(&self) -> Duration {
-        wake::DELIVERY_DELAY
-    }
-
-    async fn claim(&self, req: &ClaimRequest) -> Result<(Vec<ClaimedDelivery>, ClaimStats)> {
-        self.claim_impl(req).await
-    }
-
-    async fn complete(&self, tokens: &[LeaseToken], history: bool) -> Result<Vec<String>> {
-        self.complete_impl(tokens, history).await
-    }
-
+/// SQL handlers run in PostgreSQL only: a MongoDB store refuses them before anything is claimed.
+impl SqlHandler for MongoStore {
     async fn check_statement(&self, _statement: &str) -> Result<()> {
         Err(StoreError::StatementsUnsupported)
     }
@@ -135,70 +97,5 @@ impl Store for MongoStore {
         _history: bool,
     ) -> Result<StatementOutcome> {
         Err(StoreError::StatementsUnsupported)
-    }
-
-    async fn fail(
-        &self,
-        token: &LeaseToken,
-        failure: &Failure,
-        error: &str,
-    ) -> Result<FailOutcome> {
-        self.fail_impl(token, failure, error).await
-    }
-
-    async fn renew(&self, owner: &str, lease: Duration, running: &[String]) -> Result<u64> {
-        self.renew_impl(owner, lease, running).await
-    }
-
-    async fn release(&self, owner: &str, aborted: &[LeaseToken]) -> Result<u64> {
-        self.release_impl(owner, aborted).await
-    }
-
-    async fn due_exists(&self, handlers: &[String]) -> Result<bool> {
-        self.due_exists_impl(handlers).await
-    }
-
-    async fn list_deliveries(&self, filter: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
-        self.list_deliveries_impl(filter).await
-    }
-
-    async fn show_delivery(&self, id: &str) -> Result<Option<DeliveryDetail>> {
-        self.show_delivery_impl(id).await
-    }
-
-    async fn show_event(&self, id: &str) -> Result<Option<EventDetail>> {
-        self.show_event_impl(id).await
-    }
-
-    async fn count_dead(&self, selector: &RequeueSelector) -> Result<i64> {
-        self.count_dead_impl(selector).await
-    }
-
-    async fn requeue(&self, selector: &RequeueSelector) -> Result<Vec<String>> {
-        self.requeue_impl(selector).await
-    }
-
-    async fn purge_count(&self, options: &PurgeOptions) -> Result<PurgeCounts> {
-        self.purge_count_impl(options).await
-    }
-
-    async fn purge_batch(&self, kind: PurgeKind, age: Duration, batch: i64) -> Result<PurgeBatch> {
-        self.purge_batch_impl(kind, age, batch).await
-    }
-
-    async fn lanes(&self) -> Result<Vec<LaneRow>> {
-        self.lanes_impl().await
-    }
-
-    async fn stats(&self) -> Result<Vec<HandlerStats>> {
-        self.stats_impl().await
-    }
-
-    fn client_counts(&self) -> ClientCounts {
-        self.conn.counts()
-    }
-
-    async fn doctor(&self) -> Result<Vec<crate::store::doctor::Check>> {
-        self.doctor_impl().await
     }
 }

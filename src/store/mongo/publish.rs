@@ -13,7 +13,9 @@ use super::json;
 use super::model::all_in;
 use super::{MongoStore, DELIVERIES, EVENTS, KEY_SEQUENCES, READY};
 use crate::store::lane::lane_of;
-use crate::store::{NewEvent, PublishedDelivery, Result, StoreError, CONFLICT_WITH_STORED};
+use crate::store::{
+    NewEvent, Publish, PublishedDelivery, Result, StoreError, CONFLICT_WITH_STORED,
+};
 
 /// An event as it is stored, with its deliveries' ids chosen once for every run of the
 /// transaction.
@@ -28,74 +30,6 @@ struct Prepared {
 enum Published {
     Deliveries(Vec<PublishedDelivery>),
     Conflict(String),
-}
-
-impl MongoStore {
-    pub(super) async fn publish_impl(&self, events: &[NewEvent]) -> Result<Vec<PublishedDelivery>> {
-        if events.is_empty() {
-            return Ok(vec![]);
-        }
-        let prepared = prepare(events)?;
-        let db = self.conn.database().await?;
-        let events_coll = db.collection::<Document>(&self.name(EVENTS));
-        let deliveries = db.collection::<Document>(&self.name(DELIVERIES));
-        let sequences = db.collection::<Document>(&self.name(KEY_SEQUENCES));
-        let outcome = self
-            .conn
-            .transaction(
-                "could not publish the batch; nothing of it was written",
-                async move |s| {
-                    let ids: Vec<&str> = prepared.iter().map(|p| p.event.id.as_str()).collect();
-                    let cursor = events_coll
-                        .find(doc! { "_id": { "$in": &ids } })
-                        .session(&mut *s)
-                        .await?;
-                    let prior: HashMap<String, Document> = all_in(cursor, s)
-                        .await?
-                        .into_iter()
-                        .filter_map(|d| Some((d.get_str("_id").ok()?.to_owned(), d)))
-                        .collect();
-                    if let Some(p) = prepared.iter().find(|p| {
-                        prior
-                            .get(&p.event.id)
-                            .is_some_and(|stored| !same_content(stored, p))
-                    }) {
-                        return Ok(Published::Conflict(p.event.id.clone()));
-                    }
-                    let fresh = fresh_handlers(&prepared, &prior);
-                    let next = reserve(&db, &sequences, &per_key(&prepared, &fresh), s).await?;
-                    let writes = writes(&prepared, &fresh, &prior, next);
-                    if !writes.events.is_empty() {
-                        events_coll
-                            .insert_many(writes.events)
-                            .session(&mut *s)
-                            .await?;
-                    }
-                    if !writes.grown.is_empty() {
-                        db.run_command(
-                            doc! { "update": events_coll.name(), "updates": writes.grown },
-                        )
-                        .session(&mut *s)
-                        .await?;
-                    }
-                    if !writes.deliveries.is_empty() {
-                        deliveries
-                            .insert_many(writes.deliveries)
-                            .session(&mut *s)
-                            .await?;
-                    }
-                    Ok(Published::Deliveries(writes.published))
-                },
-            )
-            .await?;
-        match outcome {
-            Published::Deliveries(published) => Ok(published),
-            Published::Conflict(id) => Err(StoreError::ConflictingEvent {
-                id,
-                why: CONFLICT_WITH_STORED,
-            }),
-        }
-    }
 }
 
 /// The batch's events as they are stored, one per id, with their deliveries' ids.
@@ -274,4 +208,72 @@ fn same_content(stored: &Document, p: &Prepared) -> bool {
                 &Value::Object(json::object(&p.headers)),
             )
         })
+}
+
+impl Publish for MongoStore {
+    async fn publish(&self, events: &[NewEvent]) -> Result<Vec<PublishedDelivery>> {
+        if events.is_empty() {
+            return Ok(vec![]);
+        }
+        let prepared = prepare(events)?;
+        let db = self.conn.database().await?;
+        let events_coll = db.collection::<Document>(&self.name(EVENTS));
+        let deliveries = db.collection::<Document>(&self.name(DELIVERIES));
+        let sequences = db.collection::<Document>(&self.name(KEY_SEQUENCES));
+        let outcome = self
+            .conn
+            .transaction(
+                "could not publish the batch; nothing of it was written",
+                async move |s| {
+                    let ids: Vec<&str> = prepared.iter().map(|p| p.event.id.as_str()).collect();
+                    let cursor = events_coll
+                        .find(doc! { "_id": { "$in": &ids } })
+                        .session(&mut *s)
+                        .await?;
+                    let prior: HashMap<String, Document> = all_in(cursor, s)
+                        .await?
+                        .into_iter()
+                        .filter_map(|d| Some((d.get_str("_id").ok()?.to_owned(), d)))
+                        .collect();
+                    if let Some(p) = prepared.iter().find(|p| {
+                        prior
+                            .get(&p.event.id)
+                            .is_some_and(|stored| !same_content(stored, p))
+                    }) {
+                        return Ok(Published::Conflict(p.event.id.clone()));
+                    }
+                    let fresh = fresh_handlers(&prepared, &prior);
+                    let next = reserve(&db, &sequences, &per_key(&prepared, &fresh), s).await?;
+                    let writes = writes(&prepared, &fresh, &prior, next);
+                    if !writes.events.is_empty() {
+                        events_coll
+                            .insert_many(writes.events)
+                            .session(&mut *s)
+                            .await?;
+                    }
+                    if !writes.grown.is_empty() {
+                        db.run_command(
+                            doc! { "update": events_coll.name(), "updates": writes.grown },
+                        )
+                        .session(&mut *s)
+                        .await?;
+                    }
+                    if !writes.deliveries.is_empty() {
+                        deliveries
+                            .insert_many(writes.deliveries)
+                            .session(&mut *s)
+                            .await?;
+                    }
+                    Ok(Published::Deliveries(writes.published))
+                },
+            )
+            .await?;
+        match outcome {
+            Published::Deliveries(published) => Ok(published),
+            Published::Conflict(id) => Err(StoreError::ConflictingEvent {
+                id,
+                why: CONFLICT_WITH_STORED,
+            }),
+        }
+    }
 }

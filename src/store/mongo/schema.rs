@@ -17,7 +17,7 @@ use super::model::{after, all, chrono};
 use super::{MongoStore, COMPLETIONS, DELIVERIES, EVENTS, KEY_SEQUENCES, LANES, READY, SCHEMA};
 use crate::store::lane::lane_of;
 use crate::store::{
-    LiveLeases, Locks, Namespace, Result, SchemaStatus, Script, SetupOutcome, StoreError,
+    LiveLeases, Locks, Namespace, Result, Schema, SchemaStatus, Script, SetupOutcome, StoreError,
     UpgradeCounts, UpgradePlan, UpgradeProgress, UpgradeStep, SCHEMA_VERSION,
 };
 
@@ -416,38 +416,6 @@ impl MongoStore {
         Ok(SetupLock { schema, me, renew })
     }
 
-    pub(super) async fn setup_impl(&self, force: bool) -> Result<SetupOutcome> {
-        // What would be refused is refused before the lock is taken, so nothing is written.
-        self.refuse(force).await?;
-        let lock = self.lock().await?;
-        let result = async {
-            let before = self.detect().await?;
-            match &before {
-                SchemaStatus::Current => {}
-                SchemaStatus::Newer { .. } => {
-                    return Err(before
-                        .error(&self.ns)
-                        .expect("a newer schema is not current"))
-                }
-                SchemaStatus::V01 => {
-                    self.refuse(force).await?;
-                    self.convert(&|_| {}).await?;
-                }
-                _ => {
-                    self.refuse(force).await?;
-                    self.install().await?;
-                }
-            }
-            Ok(SetupOutcome {
-                before,
-                after: self.detect().await?,
-            })
-        }
-        .await;
-        lock.release().await;
-        result
-    }
-
     /// Refuses collections of relaybus's names that are not relaybus's, and a 0.1 store that
     /// 0.1 workers still hold leases in (unless `force`).
     async fn refuse(&self, force: bool) -> Result<()> {
@@ -588,60 +556,6 @@ impl MongoStore {
             step(STEP_EVENTS, STEP_EVENTS_WHAT, Some(events as i64)),
             step(STEP_INSTALL, &install, None),
         ])
-    }
-
-    pub(super) async fn upgrade_plan_impl(&self) -> Result<UpgradePlan> {
-        let found = self.detect().await?;
-        if found != SchemaStatus::V01 {
-            return Ok(UpgradePlan {
-                found,
-                steps: vec![],
-                counts: UpgradeCounts::default(),
-                live_leases: LiveLeases::default(),
-                locks: Locks::default(),
-            });
-        }
-        Ok(UpgradePlan {
-            found,
-            steps: self.steps().await?,
-            counts: self.counts().await?,
-            live_leases: self.live_leases().await?,
-            locks: Locks {
-                what: "none on the collections: the conversion runs in batches of 1,000 \
-                       documents under relaybus's setup lock; stop 0.1 workers first"
-                    .into(),
-                expected_seconds: None,
-            },
-        })
-    }
-
-    pub(super) async fn upgrade_impl(
-        &self,
-        force: bool,
-        progress: &(dyn Fn(UpgradeProgress) + Sync),
-    ) -> Result<SetupOutcome> {
-        if self.detect().await? == SchemaStatus::V01 {
-            self.refuse(force).await?;
-        }
-        let lock = self.lock().await?;
-        let result = async {
-            let before = self.detect().await?;
-            if before != SchemaStatus::V01 {
-                return Ok(SetupOutcome {
-                    after: before.clone(),
-                    before,
-                });
-            }
-            self.refuse(force).await?;
-            self.convert(progress).await?;
-            Ok(SetupOutcome {
-                before,
-                after: self.detect().await?,
-            })
-        }
-        .await;
-        lock.release().await;
-        result
     }
 
     /// The conversion, step by step; each step converts what is left of it.
@@ -993,6 +907,98 @@ pub(crate) fn script(ns: &Namespace, script: &Script) -> String {
             header(ns, "in-place conversion from 0.1") + &convert_js(ns) + &install_js(ns)
         }
         Script::Grants { role } => grants_js(ns, role),
+    }
+}
+
+impl Schema for MongoStore {
+    async fn schema_status(&self) -> Result<SchemaStatus> {
+        self.detect().await
+    }
+
+    async fn setup(&self, force: bool) -> Result<SetupOutcome> {
+        // What would be refused is refused before the lock is taken, so nothing is written.
+        self.refuse(force).await?;
+        let lock = self.lock().await?;
+        let result = async {
+            let before = self.detect().await?;
+            match &before {
+                SchemaStatus::Current => {}
+                SchemaStatus::Newer { .. } => {
+                    return Err(before
+                        .error(&self.ns)
+                        .expect("a newer schema is not current"))
+                }
+                SchemaStatus::V01 => {
+                    self.refuse(force).await?;
+                    self.convert(&|_| {}).await?;
+                }
+                _ => {
+                    self.refuse(force).await?;
+                    self.install().await?;
+                }
+            }
+            Ok(SetupOutcome {
+                before,
+                after: self.detect().await?,
+            })
+        }
+        .await;
+        lock.release().await;
+        result
+    }
+
+    async fn upgrade_plan(&self) -> Result<UpgradePlan> {
+        let found = self.detect().await?;
+        if found != SchemaStatus::V01 {
+            return Ok(UpgradePlan {
+                found,
+                steps: vec![],
+                counts: UpgradeCounts::default(),
+                live_leases: LiveLeases::default(),
+                locks: Locks::default(),
+            });
+        }
+        Ok(UpgradePlan {
+            found,
+            steps: self.steps().await?,
+            counts: self.counts().await?,
+            live_leases: self.live_leases().await?,
+            locks: Locks {
+                what: "none on the collections: the conversion runs in batches of 1,000 \
+                       documents under relaybus's setup lock; stop 0.1 workers first"
+                    .into(),
+                expected_seconds: None,
+            },
+        })
+    }
+
+    async fn upgrade(
+        &self,
+        force: bool,
+        progress: &(dyn Fn(UpgradeProgress) + Sync),
+    ) -> Result<SetupOutcome> {
+        if self.detect().await? == SchemaStatus::V01 {
+            self.refuse(force).await?;
+        }
+        let lock = self.lock().await?;
+        let result = async {
+            let before = self.detect().await?;
+            if before != SchemaStatus::V01 {
+                return Ok(SetupOutcome {
+                    after: before.clone(),
+                    before,
+                });
+            }
+            self.refuse(force).await?;
+            self.convert(progress).await?;
+            Ok(SetupOutcome {
+                before,
+                after: self.detect().await?,
+            })
+        }
+        .await;
+        lock.release().await;
+        result
     }
 }
 

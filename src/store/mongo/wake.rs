@@ -9,7 +9,7 @@ use mongodb::bson::doc;
 
 use super::{MongoStore, DELIVERIES};
 use crate::backoff::Backoff;
-use crate::store::{WakeUp, WakeUps};
+use crate::store::{Result, Wake, WakeUp, WakeUps};
 
 /// How long after a commit its wake-up may arrive.
 pub(super) const DELIVERY_DELAY: Duration = Duration::from_millis(10);
@@ -61,5 +61,20 @@ impl MongoStore {
             }
         });
         WakeUps::new(rx, task)
+    }
+}
+
+impl Wake for MongoStore {
+    /// Workers learn of new deliveries from a change stream: nothing is held back.
+    async fn flush_wake_ups(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn wake_ups(&self) -> Option<WakeUps> {
+        Some(self.watch())
+    }
+
+    fn wake_up_delay(&self) -> Duration {
+        DELIVERY_DELAY
     }
 }

@@ -8,9 +8,11 @@ use chrono::{DateTime, Utc};
 use tokio_postgres::types::{to_sql_checked, FromSql, IsNull, ToSql, Type};
 
 use super::conn::db;
+use super::schema::blocking_session;
 use super::PgStore;
 use crate::store::{
-    ClaimRequest, ClaimStats, ClaimedDelivery, FailOutcome, Failure, LeaseToken, RawJson, Result,
+    BlockingSession, ClaimRequest, ClaimStats, ClaimedDelivery, Dispatch, FailOutcome, Failure,
+    LeaseToken, RawJson, Result,
 };
 
 /// The most deliveries a claim leaves in flight in one lane. A lane row stays inline (no TOAST)
@@ -122,11 +124,24 @@ pub(super) fn tuple_ids(tokens: &[LeaseToken]) -> Vec<Option<Tid>> {
     tokens.iter().map(|t| t.row.map(Tid)).collect()
 }
 
-impl PgStore {
-    pub(super) async fn claim_impl(
-        &self,
-        req: &ClaimRequest,
-    ) -> Result<(Vec<ClaimedDelivery>, ClaimStats)> {
+impl Dispatch for PgStore {
+    /// The sessions that block the pool's sessions now handed out, asked on a connection of
+    /// its own (the pool may have none left).
+    async fn blockers(&self) -> Result<Vec<BlockingSession>> {
+        let busy = self.pool.busy_pids();
+        if busy.is_empty() {
+            return Ok(vec![]);
+        }
+        let client = self.pool.options().connect().await?;
+        let sql = &self.sql.blockers;
+        let rows = client
+            .query_typed(&sql.text, &sql.typed(&[&busy]))
+            .await
+            .map_err(db("could not list the blocking sessions"))?;
+        Ok(rows.iter().map(blocking_session).collect())
+    }
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<(Vec<ClaimedDelivery>, ClaimStats)> {
         let mut conn = self.pool.get().await?;
         let rows = conn
             .query(
@@ -180,11 +195,7 @@ impl PgStore {
         Ok((claimed, stats))
     }
 
-    pub(super) async fn complete_impl(
-        &self,
-        tokens: &[LeaseToken],
-        history: bool,
-    ) -> Result<Vec<String>> {
+    async fn complete(&self, tokens: &[LeaseToken], history: bool) -> Result<Vec<String>> {
         let (ids, lanes, epochs, claims) = token_arrays(tokens);
         let located = tuple_ids(tokens);
         let sql = if history {
@@ -200,7 +211,7 @@ impl PgStore {
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
-    pub(super) async fn fail_impl(
+    async fn fail(
         &self,
         token: &LeaseToken,
         failure: &Failure,
@@ -232,7 +243,7 @@ impl PgStore {
         })
     }
 
-    pub(super) async fn renew_impl(
+    async fn renew(
         &self,
         owner: &str,
         lease: std::time::Duration,
@@ -246,7 +257,7 @@ impl PgStore {
         Ok(rows.len() as u64)
     }
 
-    pub(super) async fn release_impl(&self, owner: &str, aborted: &[LeaseToken]) -> Result<u64> {
+    async fn release(&self, owner: &str, aborted: &[LeaseToken]) -> Result<u64> {
         let (ids, lanes, epochs, claims) = token_arrays(aborted);
         let mut conn = self.pool.get().await?;
         conn.execute(&self.sql.release, &[&owner, &ids, &lanes, &epochs, &claims])
@@ -256,7 +267,7 @@ impl PgStore {
 
     /// Sent unnamed: a drain's last word must not rest on a statement name that a pooler may
     /// have handed to another client's statement.
-    pub(super) async fn due_exists_impl(&self, handlers: &[String]) -> Result<bool> {
+    async fn due_exists(&self, handlers: &[String]) -> Result<bool> {
         let conn = self.pool.get().await?;
         let rows = conn
             .query_once(&self.sql.due_exists, &[&handlers])

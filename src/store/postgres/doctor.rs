@@ -14,7 +14,7 @@ use super::conn::db;
 use super::schema::install_script;
 use super::PgStore;
 use crate::store::doctor::Check;
-use crate::store::{Namespace, Result, SCHEMA_VERSION};
+use crate::store::{Doctor, Namespace, Result, SCHEMA_VERSION};
 
 /// A dead-tuple count worth a warning: this many, and this share of the table.
 const DEAD_TUPLES: i64 = 10_000;
@@ -206,13 +206,6 @@ fn storage_check(table: &str, name: &str, want: &[String], have: &[String]) -> O
 }
 
 impl PgStore {
-    pub(super) async fn doctor_impl(&self) -> Result<Vec<Check>> {
-        let mut conn = self.pool.get().await?;
-        let mut checks = self.drift(&mut conn.client).await?;
-        checks.extend(self.health(&conn.client).await?);
-        Ok(checks)
-    }
-
     async fn columns(
         &self,
         client: &impl GenericClient,
@@ -591,5 +584,14 @@ impl PgStore {
             ),
             (false, _) => Check::ok("session", &role, format!("jit = {jit}, plan_cache_mode = {plan_cache}")),
         })
+    }
+}
+
+impl Doctor for PgStore {
+    async fn doctor(&self) -> Result<Vec<Check>> {
+        let mut conn = self.pool.get().await?;
+        let mut checks = self.drift(&mut conn.client).await?;
+        checks.extend(self.health(&conn.client).await?);
+        Ok(checks)
     }
 }

@@ -15,7 +15,9 @@ use super::conn::{db, PooledConn};
 use super::sql::Params;
 use super::PgStore;
 use crate::store::lane::lane_of;
-use crate::store::{NewEvent, PublishedDelivery, Result, StoreError, CONFLICT_WITH_STORED};
+use crate::store::{
+    NewEvent, Publish, PublishedDelivery, Result, StoreError, CONFLICT_WITH_STORED,
+};
 
 /// How often a batch runs again after losing a race with a concurrent publish of one of its ids.
 const RACE_RETRIES: usize = 3;
@@ -39,63 +41,6 @@ fn lost_race(e: &tokio_postgres::Error) -> bool {
 }
 
 impl PgStore {
-    pub(super) async fn publish_impl(&self, events: &[NewEvent]) -> Result<Vec<PublishedDelivery>> {
-        if events.is_empty() {
-            return Ok(vec![]);
-        }
-        let events = NewEvent::unite(events)?;
-        let batch = Batch::of(&events);
-        let Batch {
-            ids,
-            types,
-            keys,
-            payloads,
-            headers,
-            first,
-            last,
-            d_events,
-            d_handlers,
-            d_ids,
-            d_lanes,
-            d_keys,
-        } = &batch;
-        let params: [&(dyn ToSql + Sync); 12] = [
-            ids, types, keys, payloads, headers, d_events, d_handlers, d_ids, d_lanes, d_keys,
-            first, last,
-        ];
-        let mut conn = self.pool.get().await?;
-        let all_new = !self.republishing.load(Ordering::Relaxed)
-            && match conn.execute(&self.sql.publish_new, &params).await {
-                Ok(_) => true,
-                Err(e) if lost_race(&e) => {
-                    self.republishing.store(true, Ordering::Relaxed);
-                    false
-                }
-                Err(e) => return Err(db(NOTHING_WRITTEN)(e)),
-            };
-        let (republished, added) = if all_new {
-            (HashSet::new(), HashSet::new())
-        } else {
-            self.republish(&mut conn, &params).await?
-        };
-        drop(conn);
-        let published: Vec<PublishedDelivery> = batch
-            .d_ids
-            .into_iter()
-            .enumerate()
-            .filter(|(i, id)| !republished.contains(batch.d_events[*i]) || added.contains(id))
-            .map(|(i, delivery_id)| PublishedDelivery {
-                event_id: batch.d_events[i].to_owned(),
-                handler: batch.d_handlers[i].to_owned(),
-                delivery_id,
-            })
-            .collect();
-        if !published.is_empty() {
-            self.notifier.published();
-        }
-        Ok(published)
-    }
-
     /// `publish.sql`, for a batch with events published before: it adds only the deliveries of
     /// handlers an event never had. Returns the republished events and the deliveries added.
     async fn republish(
@@ -187,5 +132,64 @@ impl<'a> Batch<'a> {
             b.headers.push(serde_json::Value::Object(e.headers.clone()));
         }
         b
+    }
+}
+
+impl Publish for PgStore {
+    async fn publish(&self, events: &[NewEvent]) -> Result<Vec<PublishedDelivery>> {
+        if events.is_empty() {
+            return Ok(vec![]);
+        }
+        let events = NewEvent::unite(events)?;
+        let batch = Batch::of(&events);
+        let Batch {
+            ids,
+            types,
+            keys,
+            payloads,
+            headers,
+            first,
+            last,
+            d_events,
+            d_handlers,
+            d_ids,
+            d_lanes,
+            d_keys,
+        } = &batch;
+        let params: [&(dyn ToSql + Sync); 12] = [
+            ids, types, keys, payloads, headers, d_events, d_handlers, d_ids, d_lanes, d_keys,
+            first, last,
+        ];
+        let mut conn = self.pool.get().await?;
+        let all_new = !self.republishing.load(Ordering::Relaxed)
+            && match conn.execute(&self.sql.publish_new, &params).await {
+                Ok(_) => true,
+                Err(e) if lost_race(&e) => {
+                    self.republishing.store(true, Ordering::Relaxed);
+                    false
+                }
+                Err(e) => return Err(db(NOTHING_WRITTEN)(e)),
+            };
+        let (republished, added) = if all_new {
+            (HashSet::new(), HashSet::new())
+        } else {
+            self.republish(&mut conn, &params).await?
+        };
+        drop(conn);
+        let published: Vec<PublishedDelivery> = batch
+            .d_ids
+            .into_iter()
+            .enumerate()
+            .filter(|(i, id)| !republished.contains(batch.d_events[*i]) || added.contains(id))
+            .map(|(i, delivery_id)| PublishedDelivery {
+                event_id: batch.d_events[i].to_owned(),
+                handler: batch.d_handlers[i].to_owned(),
+                delivery_id,
+            })
+            .collect();
+        if !published.is_empty() {
+            self.notifier.published();
+        }
+        Ok(published)
     }
 }

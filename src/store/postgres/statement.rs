@@ -12,7 +12,7 @@ use super::conn::{db, describe, session_unusable};
 use super::dispatch::{token_arrays, tuple_ids};
 use super::sql::Sql;
 use super::PgStore;
-use crate::store::{ClaimedDelivery, Result, StatementOutcome, StoreError};
+use crate::store::{ClaimedDelivery, Result, SqlHandler, StatementOutcome, StoreError};
 
 /// The envelope's fields, in the order a statement's parameters name them.
 const PARAMS: [Type; 7] = [
@@ -24,54 +24,6 @@ const PARAMS: [Type; 7] = [
     Type::TEXT,  // $6 delivery id
     Type::INT4,  // $7 attempt
 ];
-
-impl PgStore {
-    pub(super) async fn check_statement_impl(&self, statement: &str) -> Result<()> {
-        let conn = self.pool.get().await?;
-        conn.client
-            .prepare_typed(statement, &PARAMS)
-            .await
-            .map(drop)
-            .map_err(|e| match e.as_db_error() {
-                Some(_) => StoreError::InvalidStatement {
-                    detail: describe(&e),
-                },
-                None => db("could not check the statement")(e),
-            })
-    }
-
-    pub(super) async fn complete_with_statement_impl(
-        &self,
-        d: &ClaimedDelivery,
-        statement: &str,
-        timeout: Duration,
-        history: bool,
-    ) -> Result<StatementOutcome> {
-        let complete = if history {
-            &self.sql.complete_with_history
-        } else {
-            &self.sql.complete
-        };
-        let mut conn = self.pool.get().await?;
-        let ran = run_in_transaction(&mut conn.client, complete, d, statement, timeout).await;
-        if let Err((_, e)) | Ok(Some(Err(e))) = &ran {
-            conn.note(e);
-        }
-        match ran {
-            Err((context, e)) => Err(db(context)(e)),
-            Ok(None) => Ok(StatementOutcome::LeaseLost),
-            Ok(Some(Ok(()))) => Ok(StatementOutcome::Completed),
-            // The database's verdict on the statement (a constraint, a timeout, a deadlock; at
-            // commit, a deferred constraint) fails the attempt. No answer at all, or a session
-            // that cannot run anything (read-only, shutting down), is an error the caller
-            // retries: the statement was not to blame.
-            Ok(Some(Err(e))) if e.as_db_error().is_some() && !session_unusable(&e) => {
-                Ok(StatementOutcome::Failed(describe(&e)))
-            }
-            Ok(Some(Err(e))) => Err(db("could not run the handler's statement")(e)),
-        }
-    }
-}
 
 /// The fenced delete, then the statement, in one transaction: None when the lease was lost,
 /// else the statement's verdict and the commit's. An error before the statement ran comes with
@@ -127,4 +79,52 @@ async fn run_in_transaction(
         Ok(_) => tx.commit().await,
         Err(e) => Err(e),
     }))
+}
+
+impl SqlHandler for PgStore {
+    async fn check_statement(&self, statement: &str) -> Result<()> {
+        let conn = self.pool.get().await?;
+        conn.client
+            .prepare_typed(statement, &PARAMS)
+            .await
+            .map(drop)
+            .map_err(|e| match e.as_db_error() {
+                Some(_) => StoreError::InvalidStatement {
+                    detail: describe(&e),
+                },
+                None => db("could not check the statement")(e),
+            })
+    }
+
+    async fn complete_with_statement(
+        &self,
+        d: &ClaimedDelivery,
+        statement: &str,
+        timeout: Duration,
+        history: bool,
+    ) -> Result<StatementOutcome> {
+        let complete = if history {
+            &self.sql.complete_with_history
+        } else {
+            &self.sql.complete
+        };
+        let mut conn = self.pool.get().await?;
+        let ran = run_in_transaction(&mut conn.client, complete, d, statement, timeout).await;
+        if let Err((_, e)) | Ok(Some(Err(e))) = &ran {
+            conn.note(e);
+        }
+        match ran {
+            Err((context, e)) => Err(db(context)(e)),
+            Ok(None) => Ok(StatementOutcome::LeaseLost),
+            Ok(Some(Ok(()))) => Ok(StatementOutcome::Completed),
+            // The database's verdict on the statement (a constraint, a timeout, a deadlock; at
+            // commit, a deferred constraint) fails the attempt. No answer at all, or a session
+            // that cannot run anything (read-only, shutting down), is an error the caller
+            // retries: the statement was not to blame.
+            Ok(Some(Err(e))) if e.as_db_error().is_some() && !session_unusable(&e) => {
+                Ok(StatementOutcome::Failed(describe(&e)))
+            }
+            Ok(Some(Err(e))) => Err(db("could not run the handler's statement")(e)),
+        }
+    }
 }

@@ -5,7 +5,8 @@ use serde_json::Value;
 
 use super::sql::Sql;
 use super::PgStore;
-use crate::store::{Namespace, Store, StoreOptions};
+use crate::store::prelude::*;
+use crate::store::{Namespace, StoreOptions};
 
 pub(crate) fn database_url() -> String {
     crate::test_servers::postgres_url()

@@ -15,9 +15,10 @@ use tokio_postgres::AsyncMessage;
 
 use super::conn::{db, describe, ConnectOptions, Pool};
 use super::sql::Sql;
+use super::PgStore;
 use crate::backoff::{Backoff, Retries};
 use crate::store::lane::fnv1a_32;
-use crate::store::{Namespace, Result, StoreError, WakeUp, WakeUps};
+use crate::store::{Namespace, Result, StoreError, Wake, WakeUp, WakeUps};
 
 /// At most one notification per store per interval.
 pub(crate) const NOTIFY_INTERVAL: Duration = Duration::from_millis(10);
@@ -196,5 +197,19 @@ async fn listen_once(
                 None => return "the server closed the connection".into(),
             },
         }
+    }
+}
+
+impl Wake for PgStore {
+    async fn flush_wake_ups(&self) -> Result<()> {
+        self.notifier.flush().await
+    }
+
+    fn wake_ups(&self) -> Option<WakeUps> {
+        Some(listen(self.pool.options().clone(), channel(&self.ns)))
+    }
+
+    fn wake_up_delay(&self) -> Duration {
+        NOTIFY_INTERVAL
     }
 }

@@ -9,17 +9,14 @@ use super::delivery_row;
 use crate::store::lane::lane_of;
 use crate::store::{
     DeliveryDetail, DeliveryFilter, DeliveryRow, DeliveryStatus, EventDetail, HandlerStats,
-    LaneRow, LeaseToken, Result,
+    Inspect, LaneRow, LeaseToken, Result,
 };
 
 /// The most deliveries `events show` lists.
 const EVENT_DELIVERIES: i64 = 10_000;
 
-impl PgStore {
-    pub(in crate::store::postgres) async fn list_deliveries_impl(
-        &self,
-        f: &DeliveryFilter,
-    ) -> Result<Vec<DeliveryRow>> {
+impl Inspect for PgStore {
+    async fn list_deliveries(&self, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
         let conn = self.pool.get().await?;
         // The lane of a key is fixed, which lets the keyed-order index serve a key filter.
         let lane = f.key.as_deref().map(|k| lane_of(Some(k), ""));
@@ -59,10 +56,7 @@ impl PgStore {
         Ok(rows.iter().map(delivery_row).collect())
     }
 
-    pub(in crate::store::postgres) async fn show_delivery_impl(
-        &self,
-        id: &str,
-    ) -> Result<Option<DeliveryDetail>> {
+    async fn show_delivery(&self, id: &str) -> Result<Option<DeliveryDetail>> {
         let conn = self.pool.get().await?;
         let rows = conn
             .query_once(&self.sql.show_delivery, &[&id])
@@ -90,10 +84,7 @@ impl PgStore {
         }))
     }
 
-    pub(in crate::store::postgres) async fn show_event_impl(
-        &self,
-        id: &str,
-    ) -> Result<Option<EventDetail>> {
+    async fn show_event(&self, id: &str) -> Result<Option<EventDetail>> {
         let conn = self.pool.get().await?;
         let rows = conn
             .query_once(&self.sql.show_event, &[&id])
@@ -104,7 +95,7 @@ impl PgStore {
         };
         drop(conn);
         let deliveries = self
-            .list_deliveries_impl(&DeliveryFilter {
+            .list_deliveries(&DeliveryFilter {
                 event_id: Some(id.to_owned()),
                 limit: EVENT_DELIVERIES,
                 ..Default::default()
@@ -122,7 +113,7 @@ impl PgStore {
         }))
     }
 
-    pub(in crate::store::postgres) async fn lanes_impl(&self) -> Result<Vec<LaneRow>> {
+    async fn lanes(&self) -> Result<Vec<LaneRow>> {
         let conn = self.pool.get().await?;
         let rows = conn
             .query_once(&self.sql.lanes, &[])
@@ -143,7 +134,7 @@ impl PgStore {
             .collect())
     }
 
-    pub(in crate::store::postgres) async fn stats_impl(&self) -> Result<Vec<HandlerStats>> {
+    async fn stats(&self) -> Result<Vec<HandlerStats>> {
         let conn = self.pool.get().await?;
         let rows = conn
             .query_once(&self.sql.stats, &[])

@@ -3,18 +3,15 @@
 
 use super::super::conn::db;
 use super::super::PgStore;
-use crate::store::{RequeueSelector, Result};
+use crate::store::{DeadLetters, RequeueSelector, Result};
 
 /// The ids of a selector as the statements take them: none means any.
 fn ids(s: &RequeueSelector) -> Option<&[String]> {
     (!s.ids.is_empty()).then_some(s.ids.as_slice())
 }
 
-impl PgStore {
-    pub(in crate::store::postgres) async fn count_dead_impl(
-        &self,
-        s: &RequeueSelector,
-    ) -> Result<i64> {
+impl DeadLetters for PgStore {
+    async fn count_dead(&self, s: &RequeueSelector) -> Result<i64> {
         let conn = self.pool.get().await?;
         let rows = conn
             .query_once(
@@ -26,10 +23,7 @@ impl PgStore {
         Ok(rows[0].get(0))
     }
 
-    pub(in crate::store::postgres) async fn requeue_impl(
-        &self,
-        s: &RequeueSelector,
-    ) -> Result<Vec<String>> {
+    async fn requeue(&self, s: &RequeueSelector) -> Result<Vec<String>> {
         let conn = self.pool.get().await?;
         let rows = conn
             .query_once(

@@ -5,56 +5,9 @@ use std::time::Duration;
 use super::super::conn::db;
 use super::super::PgStore;
 use super::seconds;
-use crate::store::{PurgeBatch, PurgeCounts, PurgeKind, PurgeOptions, Result};
+use crate::store::{PurgeBatch, PurgeCounts, PurgeKind, PurgeOptions, Result, Retention};
 
 impl PgStore {
-    pub(in crate::store::postgres) async fn purge_count_impl(
-        &self,
-        o: &PurgeOptions,
-    ) -> Result<PurgeCounts> {
-        let conn = self.pool.get().await?;
-        let rows = conn
-            .query_once(
-                &self.sql.purge_count,
-                &[
-                    &o.dead_older_than.map(seconds),
-                    &o.completed_older_than.map(seconds),
-                ],
-            )
-            .await
-            .map_err(db("could not count what the purge would delete"))?;
-        let r = &rows[0];
-        Ok(PurgeCounts {
-            dead: r.get(0),
-            completed: r.get(1),
-            history: r.get(2),
-            events: r.get(3),
-        })
-    }
-
-    pub(in crate::store::postgres) async fn purge_batch_impl(
-        &self,
-        kind: PurgeKind,
-        age: Duration,
-        batch: i64,
-    ) -> Result<PurgeBatch> {
-        let sql = match kind {
-            PurgeKind::Dead => &self.sql.purge_dead,
-            PurgeKind::Completed => &self.sql.purge_completed,
-            PurgeKind::History => &self.sql.purge_history,
-            PurgeKind::Events => return self.purge_events_batch(age, batch).await,
-        };
-        let mut conn = self.pool.get().await?;
-        let deleted = conn
-            .execute(sql, &[&seconds(age), &batch])
-            .await
-            .map_err(db("could not purge"))? as i64;
-        Ok(PurgeBatch {
-            deleted,
-            more: deleted > 0,
-        })
-    }
-
     /// Events without deliveries: the candidates are locked first, then checked again by a new
     /// statement, whose snapshot is younger than the locks. A publish that added a delivery
     /// before the lock is seen and the event kept; one after it waits for the lock, then finds
@@ -93,6 +46,47 @@ impl PgStore {
         Ok(PurgeBatch {
             deleted,
             more: true,
+        })
+    }
+}
+
+impl Retention for PgStore {
+    async fn purge_count(&self, o: &PurgeOptions) -> Result<PurgeCounts> {
+        let conn = self.pool.get().await?;
+        let rows = conn
+            .query_once(
+                &self.sql.purge_count,
+                &[
+                    &o.dead_older_than.map(seconds),
+                    &o.completed_older_than.map(seconds),
+                ],
+            )
+            .await
+            .map_err(db("could not count what the purge would delete"))?;
+        let r = &rows[0];
+        Ok(PurgeCounts {
+            dead: r.get(0),
+            completed: r.get(1),
+            history: r.get(2),
+            events: r.get(3),
+        })
+    }
+
+    async fn purge_batch(&self, kind: PurgeKind, age: Duration, batch: i64) -> Result<PurgeBatch> {
+        let sql = match kind {
+            PurgeKind::Dead => &self.sql.purge_dead,
+            PurgeKind::Completed => &self.sql.purge_completed,
+            PurgeKind::History => &self.sql.purge_history,
+            PurgeKind::Events => return self.purge_events_batch(age, batch).await,
+        };
+        let mut conn = self.pool.get().await?;
+        let deleted = conn
+            .execute(sql, &[&seconds(age), &batch])
+            .await
+            .map_err(db("could not purge"))? as i64;
+        Ok(PurgeBatch {
+            deleted,
+            more: deleted > 0,
         })
     }
 }

@@ -53,26 +53,10 @@ impl PgStore {
             .map_err(db("could not list the blocking sessions"))?;
         Ok(rows.iter().map(blocking_session).collect())
     }
-
-    /// The sessions that block the pool's sessions now handed out, asked on a connection of
-    /// its own (the pool may have none left).
-    pub(in crate::store::postgres) async fn blockers_impl(&self) -> Result<Vec<BlockingSession>> {
-        let busy = self.pool.busy_pids();
-        if busy.is_empty() {
-            return Ok(vec![]);
-        }
-        let client = self.pool.options().connect().await?;
-        let sql = &self.sql.blockers;
-        let rows = client
-            .query_typed(&sql.text, &sql.typed(&[&busy]))
-            .await
-            .map_err(db("could not list the blocking sessions"))?;
-        Ok(rows.iter().map(blocking_session).collect())
-    }
 }
 
 /// A row of `schema/blocking_sessions.sql` or `delivery/blockers.sql`.
-fn blocking_session(r: &tokio_postgres::Row) -> BlockingSession {
+pub(in crate::store::postgres) fn blocking_session(r: &tokio_postgres::Row) -> BlockingSession {
     BlockingSession {
         pid: r.get(0),
         user: r.get(1),

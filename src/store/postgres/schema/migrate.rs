@@ -9,7 +9,7 @@ use super::super::PgStore;
 use super::locks::setup_lock_key;
 use super::render::{conversion_steps, names_after, render, script, INSTALL, PRELUDE};
 use crate::store::{
-    LiveLeases, Locks, Namespace, Result, SchemaStatus, Script, SetupOutcome, StoreError,
+    LiveLeases, Locks, Namespace, Result, Schema, SchemaStatus, Script, SetupOutcome, StoreError,
     UpgradeCounts, UpgradePlan, UpgradeProgress, UpgradeStep, SCHEMA_VERSION,
 };
 
@@ -160,13 +160,6 @@ impl PgStore {
         })
     }
 
-    pub(in crate::store::postgres) async fn setup_impl(&self, force: bool) -> Result<SetupOutcome> {
-        match self.setup_locked(force).await {
-            Err(e) => Err(self.explain_lock_timeout(e).await),
-            ok => ok,
-        }
-    }
-
     async fn setup_locked(&self, force: bool) -> Result<SetupOutcome> {
         let mut conn = self.pool.get().await?;
         let tx = self.begin_locked(&mut conn.client).await?;
@@ -200,51 +193,6 @@ impl PgStore {
             .await
             .map_err(db("could not commit the schema change"))?;
         Ok(SetupOutcome { before, after })
-    }
-
-    pub(in crate::store::postgres) async fn upgrade_plan_impl(&self) -> Result<UpgradePlan> {
-        let mut conn = self.pool.get().await?;
-        let tx = conn
-            .client
-            .build_transaction()
-            .read_only(true)
-            .start()
-            .await
-            .map_err(db("could not begin a read-only transaction"))?;
-        tx.batch_execute(WHOLE_TABLE_SCANS)
-            .await
-            .map_err(db("could not allow sequential scans"))?;
-        let found = self.detect(&tx).await?;
-        if found != SchemaStatus::V01 {
-            return Ok(UpgradePlan {
-                found,
-                steps: vec![],
-                counts: UpgradeCounts::default(),
-                live_leases: LiveLeases::default(),
-                locks: Locks::default(),
-            });
-        }
-        let row = tx
-            .query_typed_one(&self.sql.counts_0_1.text, &[])
-            .await
-            .map_err(db("could not count the rows to convert"))?;
-        let counts = UpgradeCounts {
-            events: row.get(0),
-            deliveries: row.get(1),
-            pending: row.get(2),
-            processing: row.get(3),
-            completed: row.get(4),
-            dead: row.get(5),
-        };
-        let live_leases = self.live_leases(&tx).await?;
-        let steps = self.plan_steps(&tx, &counts).await?;
-        Ok(UpgradePlan {
-            found,
-            steps,
-            locks: conversion_locks(&self.ns, &counts),
-            counts,
-            live_leases,
-        })
     }
 
     /// The conversion's steps, with the rows each rewrites and the objects it drops and creates.
@@ -292,17 +240,6 @@ impl PgStore {
                 name: s.name,
             })
             .collect())
-    }
-
-    pub(in crate::store::postgres) async fn upgrade_impl(
-        &self,
-        force: bool,
-        progress: &(dyn Fn(UpgradeProgress) + Sync),
-    ) -> Result<SetupOutcome> {
-        match self.upgrade_locked(force, progress).await {
-            Err(e) => Err(self.explain_lock_timeout(e).await),
-            ok => ok,
-        }
     }
 
     async fn upgrade_locked(
@@ -375,6 +312,76 @@ fn conversion_locks(ns: &Namespace, counts: &UpgradeCounts) -> Locks {
             ns.table("deliveries"),
         ),
         expected_seconds: Some((seconds * 10.0).round() / 10.0),
+    }
+}
+
+impl Schema for PgStore {
+    async fn schema_status(&self) -> Result<SchemaStatus> {
+        let conn = self.pool.get().await?;
+        self.detect(&conn.client).await
+    }
+
+    async fn setup(&self, force: bool) -> Result<SetupOutcome> {
+        match self.setup_locked(force).await {
+            Err(e) => Err(self.explain_lock_timeout(e).await),
+            ok => ok,
+        }
+    }
+
+    async fn upgrade_plan(&self) -> Result<UpgradePlan> {
+        let mut conn = self.pool.get().await?;
+        let tx = conn
+            .client
+            .build_transaction()
+            .read_only(true)
+            .start()
+            .await
+            .map_err(db("could not begin a read-only transaction"))?;
+        tx.batch_execute(WHOLE_TABLE_SCANS)
+            .await
+            .map_err(db("could not allow sequential scans"))?;
+        let found = self.detect(&tx).await?;
+        if found != SchemaStatus::V01 {
+            return Ok(UpgradePlan {
+                found,
+                steps: vec![],
+                counts: UpgradeCounts::default(),
+                live_leases: LiveLeases::default(),
+                locks: Locks::default(),
+            });
+        }
+        let row = tx
+            .query_typed_one(&self.sql.counts_0_1.text, &[])
+            .await
+            .map_err(db("could not count the rows to convert"))?;
+        let counts = UpgradeCounts {
+            events: row.get(0),
+            deliveries: row.get(1),
+            pending: row.get(2),
+            processing: row.get(3),
+            completed: row.get(4),
+            dead: row.get(5),
+        };
+        let live_leases = self.live_leases(&tx).await?;
+        let steps = self.plan_steps(&tx, &counts).await?;
+        Ok(UpgradePlan {
+            found,
+            steps,
+            locks: conversion_locks(&self.ns, &counts),
+            counts,
+            live_leases,
+        })
+    }
+
+    async fn upgrade(
+        &self,
+        force: bool,
+        progress: &(dyn Fn(UpgradeProgress) + Sync),
+    ) -> Result<SetupOutcome> {
+        match self.upgrade_locked(force, progress).await {
+            Err(e) => Err(self.explain_lock_timeout(e).await),
+            ok => ok,
+        }
     }
 }
 

@@ -7,5 +7,6 @@ mod locks;
 mod migrate;
 mod render;
 
+pub(super) use locks::blocking_session;
 pub(super) use render::install_script;
 pub(crate) use render::script;
