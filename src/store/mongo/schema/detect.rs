@@ -1,0 +1,198 @@
+//! What is installed: the collections, their indexes, the version document, and 0.1 leases.
+
+use futures_util::TryStreamExt;
+use mongodb::bson::{doc, DateTime, Document};
+use mongodb::{Collection, Database, IndexModel};
+
+use super::indexes::*;
+use crate::store::mongo::model::chrono;
+use crate::store::mongo::{
+    MongoStore, COMPLETIONS, DELIVERIES, EVENTS, KEY_SEQUENCES, LANES, SCHEMA,
+};
+use crate::store::{LiveLeases, Result, SchemaStatus, StoreError, SCHEMA_VERSION};
+
+pub(in crate::store::mongo) const VERSION_ID: &str = "version";
+
+impl MongoStore {
+    pub(in crate::store::mongo) async fn db(&self) -> Result<Database> {
+        self.conn.database().await
+    }
+
+    pub(in crate::store::mongo) async fn coll(&self, name: &str) -> Result<Collection<Document>> {
+        self.conn.collection(&self.name(name)).await
+    }
+
+    /// The relaybus collections that exist.
+    pub(in crate::store::mongo) async fn existing(&self) -> Result<Vec<String>> {
+        let names = self
+            .db()
+            .await?
+            .list_collection_names()
+            .await
+            .map_err(self.conn.error("could not list the collections"))?;
+        Ok(COLLECTIONS
+            .iter()
+            .filter(|c| names.contains(&self.name(c)))
+            .map(|c| c.to_string())
+            .collect())
+    }
+
+    pub(in crate::store::mongo) async fn indexes_of(
+        &self,
+        collection: &str,
+    ) -> Result<Vec<IndexModel>> {
+        let failed = self
+            .conn
+            .error(format!("could not list the indexes of {collection}"));
+        let cursor = self
+            .coll(collection)
+            .await?
+            .list_indexes()
+            .await
+            .map_err(&failed)?;
+        cursor.try_collect().await.map_err(&failed)
+    }
+
+    /// The index drift of every indexed collection that exists.
+    pub(in crate::store::mongo) async fn all_drift(
+        &self,
+        existing: &[String],
+    ) -> Result<(Vec<String>, Vec<String>)> {
+        let (mut dropped, mut created) = (vec![], vec![]);
+        for c in [DELIVERIES, EVENTS, COMPLETIONS] {
+            let found = if existing.iter().any(|e| e == c) {
+                self.indexes_of(c).await?
+            } else {
+                vec![]
+            };
+            let (mut d, n) = drift(c, &found);
+            d.sort();
+            dropped.extend(d.into_iter().map(|d| format!("{}.{d}", self.name(c))));
+            created.extend(n.into_iter().map(|n| format!("{}.{n}", self.name(c))));
+        }
+        Ok((dropped, created))
+    }
+
+    pub(in crate::store::mongo) async fn version(&self) -> Result<Option<String>> {
+        let found = self
+            .coll(SCHEMA)
+            .await?
+            .find_one(doc! { "_id": VERSION_ID })
+            .await
+            .map_err(self.conn.error("could not read the schema version"))?;
+        Ok(found.and_then(|d| d.get_str("version").ok().map(str::to_owned)))
+    }
+
+    /// A 0.1 store: deliveries without a lane, or a 0.1 index.
+    pub(in crate::store::mongo) async fn is_0_1(&self, existing: &[String]) -> Result<bool> {
+        if !existing.iter().any(|e| e == DELIVERIES) {
+            return Ok(false);
+        }
+        let unconverted = self
+            .coll(DELIVERIES)
+            .await?
+            .find_one(doc! { "laneId": { "$exists": false } })
+            .projection(doc! { "_id": 1 })
+            .await
+            .map_err(self.conn.error("could not read the deliveries"))?;
+        let old_index = self
+            .indexes_of(DELIVERIES)
+            .await?
+            .iter()
+            .any(|f| retired().iter().any(|r| same_keys(r, &f.keys)));
+        Ok(unconverted.is_some() || old_index)
+    }
+
+    pub(in crate::store::mongo) async fn detect(&self) -> Result<SchemaStatus> {
+        let existing = self.existing().await?;
+        let version = if existing.iter().any(|e| e == SCHEMA) {
+            self.version().await?
+        } else {
+            None
+        };
+        Ok(match version.as_deref() {
+            Some(SCHEMA_VERSION)
+                if self.all_drift(&existing).await? != (vec![], vec![])
+                    || self.lane_count().await? != 256 =>
+            {
+                SchemaStatus::Incomplete
+            }
+            Some(SCHEMA_VERSION) => SchemaStatus::Current,
+            Some(v) => SchemaStatus::Newer { version: v.into() },
+            None if self.is_0_1(&existing).await? => SchemaStatus::V01,
+            // The schema collection alone holds no more than the setup lock.
+            None if existing.iter().any(|e| e != SCHEMA) => SchemaStatus::Incomplete,
+            None => SchemaStatus::NotInstalled,
+        })
+    }
+
+    pub(in crate::store::mongo) async fn lane_count(&self) -> Result<u64> {
+        self.coll(LANES)
+            .await?
+            .count_documents(doc! { "_id": { "$gte": 0, "$lt": 256 } })
+            .await
+            .map_err(self.conn.error("could not count the lanes"))
+    }
+
+    /// Refuses collections of the relaybus names whose documents are not relaybus's.
+    pub(in crate::store::mongo) async fn refuse_foreign(&self, existing: &[String]) -> Result<()> {
+        let shapes: [(&str, &[&str]); 4] = [
+            (EVENTS, &["type", "payload"]),
+            (DELIVERIES, &["eventId", "handler", "status"]),
+            (LANES, &["epoch"]),
+            (KEY_SEQUENCES, &["lastSequence"]),
+        ];
+        let mut found = vec![];
+        for (c, fields) in shapes {
+            if !existing.iter().any(|e| e == c) {
+                continue;
+            }
+            let any: Vec<Document> = fields
+                .iter()
+                .map(|f| doc! { *f: { "$exists": false } })
+                .collect();
+            let odd = self
+                .coll(c)
+                .await?
+                .find_one(doc! { "$or": any })
+                .projection(doc! { "_id": 1 })
+                .await
+                .map_err(self.conn.error("could not look at the collections"))?;
+            if odd.is_some() {
+                found.push(format!(
+                    "`{}.{}` (documents without {})",
+                    self.ns.schema(),
+                    self.name(c),
+                    fields.join(", ")
+                ));
+            }
+        }
+        if found.is_empty() {
+            return Ok(());
+        }
+        Err(StoreError::ForeignObjects {
+            found: found.join(", "),
+        })
+    }
+
+    pub(in crate::store::mongo) async fn live_leases(&self) -> Result<LiveLeases> {
+        let deliveries = self.coll(DELIVERIES).await?;
+        let filter = doc! { "status": "processing", "leaseExpiresAt": { "$gt": DateTime::now() } };
+        let failed = self.conn.error("could not count live 0.1 leases");
+        let count = deliveries
+            .count_documents(filter.clone())
+            .await
+            .map_err(&failed)?;
+        let last = deliveries
+            .find_one(filter)
+            .sort(doc! { "leaseExpiresAt": -1 })
+            .await
+            .map_err(&failed)?;
+        Ok(LiveLeases {
+            count: count as i64,
+            until: last
+                .and_then(|d| d.get_datetime("leaseExpiresAt").ok().copied())
+                .map(|at| chrono(at).to_rfc3339()),
+        })
+    }
+}

@@ -1,0 +1,118 @@
+//! Installing and converting a MongoDB store: what is installed, `setup`, the 0.1 conversion and
+//! its plan, and the same as a `mongosh` script for teams whose migrations run elsewhere.
+//!
+//! MongoDB has no transactional DDL, so the conversion runs step by step in bounded batches and
+//! every step picks up what is left: it can be run again after a crash at any point, and the
+//! version document, written last, says when it is done. A lease on a lock document queues
+//! setups and upgrades of one store behind each other. `docs/design/mongodb.md` records the 0.1
+//! layout this converts from.
+
+mod convert;
+mod detect;
+mod indexes;
+mod install;
+mod lock;
+mod mongosh;
+
+use super::MongoStore;
+use crate::store::{
+    LiveLeases, Locks, Result, Schema, SchemaStatus, SetupOutcome, UpgradeCounts, UpgradePlan,
+    UpgradeProgress,
+};
+
+pub(super) use detect::VERSION_ID;
+pub(super) use indexes::{drift, indexes, IndexSpec, COLLECTIONS};
+pub(crate) use mongosh::script;
+pub(super) use mongosh::{collection_js, js};
+
+impl Schema for MongoStore {
+    async fn schema_status(&self) -> Result<SchemaStatus> {
+        self.detect().await
+    }
+
+    async fn setup(&self, force: bool) -> Result<SetupOutcome> {
+        // What would be refused is refused before the lock is taken, so nothing is written.
+        self.refuse(force).await?;
+        let lock = self.lock().await?;
+        let result = async {
+            let before = self.detect().await?;
+            match &before {
+                SchemaStatus::Current => {}
+                SchemaStatus::Newer { .. } => {
+                    return Err(before
+                        .error(&self.ns)
+                        .expect("a newer schema is not current"))
+                }
+                SchemaStatus::V01 => {
+                    self.refuse(force).await?;
+                    self.convert(&|_| {}).await?;
+                }
+                _ => {
+                    self.refuse(force).await?;
+                    self.install().await?;
+                }
+            }
+            Ok(SetupOutcome {
+                before,
+                after: self.detect().await?,
+            })
+        }
+        .await;
+        lock.release().await;
+        result
+    }
+
+    async fn upgrade_plan(&self) -> Result<UpgradePlan> {
+        let found = self.detect().await?;
+        if found != SchemaStatus::V01 {
+            return Ok(UpgradePlan {
+                found,
+                steps: vec![],
+                counts: UpgradeCounts::default(),
+                live_leases: LiveLeases::default(),
+                locks: Locks::default(),
+            });
+        }
+        Ok(UpgradePlan {
+            found,
+            steps: self.steps().await?,
+            counts: self.counts().await?,
+            live_leases: self.live_leases().await?,
+            locks: Locks {
+                what: "none on the collections: the conversion runs in batches of 1,000 \
+                       documents under relaybus's setup lock; stop 0.1 workers first"
+                    .into(),
+                expected_seconds: None,
+            },
+        })
+    }
+
+    async fn upgrade(
+        &self,
+        force: bool,
+        progress: &(dyn Fn(UpgradeProgress) + Sync),
+    ) -> Result<SetupOutcome> {
+        if self.detect().await? == SchemaStatus::V01 {
+            self.refuse(force).await?;
+        }
+        let lock = self.lock().await?;
+        let result = async {
+            let before = self.detect().await?;
+            if before != SchemaStatus::V01 {
+                return Ok(SetupOutcome {
+                    after: before.clone(),
+                    before,
+                });
+            }
+            self.refuse(force).await?;
+            self.convert(progress).await?;
+            Ok(SetupOutcome {
+                before,
+                after: self.detect().await?,
+            })
+        }
+        .await;
+        lock.release().await;
+        result
+    }
+}
