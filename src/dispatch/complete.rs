@@ -86,7 +86,6 @@ pub(super) struct Settings {
     pub(super) window: Duration,
     pub(super) history: bool,
     pub(super) reporter: Arc<Reporter>,
-    pub(super) stall_after: Duration,
     /// Set once the worker stops: from then on a statement that fails is given up.
     pub(super) stopping: watch::Receiver<bool>,
 }
@@ -131,21 +130,19 @@ impl Completer {
     }
 }
 
-/// What recording an outcome needs: the store, where to report, and the stall bound.
-pub(super) struct Recorder<'a, S> {
-    pub(super) store: &'a S,
+/// What recording an outcome needs: where to report.
+pub(super) struct Recorder<'a> {
     pub(super) reporter: &'a Reporter,
-    pub(super) stall_after: Duration,
 }
 
-impl<S: Store> Recorder<'_, S> {
-    /// Runs `op`, reported stalled once it waits past the bound.
+impl Recorder<'_> {
+    /// Runs `op`, reported stalled once it waits past the bound (`health::watchdog`).
     pub(super) async fn watched<T>(
         &self,
         operation: &'static str,
         op: impl std::future::Future<Output = T>,
     ) -> T {
-        watched(self.reporter, self.store, operation, self.stall_after, op).await
+        watched(self.reporter, operation, op).await
     }
 
     /// Runs `op` until it succeeds: the database may be away for a while (a restart, a
@@ -222,11 +219,7 @@ async fn run<S: Store>(
         let tokens: Vec<LeaseToken> = batch.iter().map(|(t, _)| t.clone()).collect();
         let what = format!("{} completions", tokens.len());
         let reporter = &settings.reporter;
-        let recorder = Recorder {
-            store: &*store,
-            reporter,
-            stall_after: settings.stall_after,
-        };
+        let recorder = Recorder { reporter };
         let history = settings.history;
         let verdict = recorder
             .until_recorded("complete", &what, &mut settings.stopping, || {

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -23,9 +23,11 @@ const BLOCKERS_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct Health {
     /// Operations retrying to record an outcome (a completion, a failed attempt, a statement).
     unrecorded: watch::Sender<usize>,
-    /// Operations waiting past the stall bound: what each is, by a number of its own.
+    /// Database operations in progress, by a number of their own (see `watchdog`).
+    operations: Mutex<BTreeMap<u64, Operation>>,
+    next_operation: AtomicU64,
+    /// Operations waiting past the stall bound: what each is, by its number.
     stalled: Mutex<BTreeMap<u64, String>>,
-    next_stall: AtomicU64,
     /// Why handlers cannot be started, while they cannot, and how many starts failed since the
     /// last that succeeded.
     starts_failing: Mutex<Option<(String, u32)>>,
@@ -41,8 +43,9 @@ impl Default for Health {
     fn default() -> Self {
         Self {
             unrecorded: watch::channel(0).0,
+            operations: Mutex::default(),
+            next_operation: AtomicU64::new(0),
             stalled: Mutex::default(),
-            next_stall: AtomicU64::new(0),
             starts_failing: Mutex::default(),
             starts_failed: AtomicBool::new(false),
         }
@@ -65,12 +68,33 @@ impl Drop for Unrecorded<'_> {
     }
 }
 
-/// An operation reported stalled, until it ends.
-struct Stalled<'a>(&'a Health, u64);
+/// A database operation in progress.
+struct Operation {
+    name: &'static str,
+    started: Instant,
+    /// Reported stalled by the watchdog.
+    stalled: bool,
+}
 
-impl Drop for Stalled<'_> {
+/// An operation in progress until dropped; one that was reported stalled says how long it took.
+pub(super) struct InProgress<'a>(&'a Health, u64);
+
+impl Drop for InProgress<'_> {
     fn drop(&mut self) {
-        self.0.stalled.lock().expect("health lock").remove(&self.1);
+        let health = self.0;
+        let Some(op) = health
+            .operations
+            .lock()
+            .expect("health lock")
+            .remove(&self.1)
+        else {
+            return;
+        };
+        if op.stalled {
+            health.stalled.lock().expect("health lock").remove(&self.1);
+            let took = Duration::from_millis(op.started.elapsed().as_millis() as u64);
+            tracing::info!(operation = op.name, took = %humantime::format_duration(took), "{} went through", op.name);
+        }
     }
 }
 
@@ -157,58 +181,79 @@ impl Health {
         Ok(())
     }
 
-    fn stall(&self, what: String) -> Stalled<'_> {
-        let id = self.next_stall.fetch_add(1, Ordering::Relaxed);
-        self.stalled.lock().expect("health lock").insert(id, what);
-        Stalled(self, id)
+    /// Counts an operation in progress until the guard is dropped.
+    pub(super) fn begin(&self, name: &'static str) -> InProgress<'_> {
+        let id = self.next_operation.fetch_add(1, Ordering::Relaxed);
+        let op = Operation {
+            name,
+            started: Instant::now(),
+            stalled: false,
+        };
+        self.operations.lock().expect("health lock").insert(id, op);
+        InProgress(self, id)
+    }
+
+    /// The operations that have waited past `bound` and were not reported yet, now marked.
+    fn newly_stalled(&self, bound: Duration) -> Vec<(u64, &'static str)> {
+        let mut operations = self.operations.lock().expect("health lock");
+        operations
+            .iter_mut()
+            .filter(|(_, op)| !op.stalled && op.started.elapsed() >= bound)
+            .map(|(id, op)| {
+                op.stalled = true;
+                (*id, op.name)
+            })
+            .collect()
+    }
+
+    /// Reports an operation stalled, for `/readyz`, unless it ended meanwhile.
+    fn mark_stalled(&self, id: u64, what: String) {
+        let operations = self.operations.lock().expect("health lock");
+        if operations.contains_key(&id) {
+            self.stalled.lock().expect("health lock").insert(id, what);
+        }
     }
 }
 
-/// Runs `op`; once it has waited `bound`, reports it stalled until it ends: a log line naming the
-/// sessions that block it, a count in `/metrics`, and `/readyz` unready. When it ends, says how
-/// long it took.
-pub(super) async fn watched<S: Store, T>(
+/// Runs `op`, watched for stalls by `watchdog` while it is in progress. A guard rather than a
+/// timer of its own: a timer per claim and per completion cost a tenth of the throughput of a
+/// worker with the defaults (`bench dispatch --cell disp-1i-defaults`).
+pub(super) async fn watched<T>(
     reporter: &Reporter,
-    store: &S,
     operation: &'static str,
-    bound: Duration,
     op: impl Future<Output = T>,
 ) -> T {
-    let started = Instant::now();
-    tokio::pin!(op);
-    tokio::select! {
-        biased;
-        done = &mut op => return done,
-        _ = tokio::time::sleep(bound) => {}
-    }
-    reporter.metrics.stalled(operation);
-    let report = async {
-        let blockers = match tokio::time::timeout(BLOCKERS_TIMEOUT, store.blockers()).await {
-            Ok(Ok(sessions)) if !sessions.is_empty() => sessions
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("; "),
-            Ok(Ok(_)) => "no blocking session found".to_owned(),
-            Ok(Err(e)) => format!("could not list blocking sessions: {e:#}"),
-            Err(_) => "could not list blocking sessions in time".to_owned(),
-        };
-        let waited = humantime::format_duration(bound);
-        tracing::warn!(operation, waited = %waited, blocked_by = %blockers, "{operation} is stalled");
-        reporter.health.stall(format!(
-            "{operation} has waited over {waited}, blocked by {blockers}"
-        ))
-    };
-    tokio::pin!(report);
-    let mut stalled = None;
-    let done = loop {
-        tokio::select! {
-            done = &mut op => break done,
-            guard = &mut report, if stalled.is_none() => stalled = Some(guard),
+    let _in_progress = reporter.health.begin(operation);
+    op.await
+}
+
+/// Reports every operation that has waited `bound`, until it ends: a log line naming the
+/// sessions that block it, a count in `/metrics`, and `/readyz` unready; when it ends, it says
+/// how long it took. Operations are looked at every quarter of the bound, so a stall is
+/// reported once it has waited between one and one and a quarter bounds.
+pub(super) async fn watchdog<S: Store>(reporter: Arc<Reporter>, store: Arc<S>, bound: Duration) {
+    let mut every = tokio::time::interval(bound / 4);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        for (id, operation) in reporter.health.newly_stalled(bound) {
+            reporter.metrics.stalled(operation);
+            let blockers = match tokio::time::timeout(BLOCKERS_TIMEOUT, store.blockers()).await {
+                Ok(Ok(sessions)) if !sessions.is_empty() => sessions
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                Ok(Ok(_)) => "no blocking session found".to_owned(),
+                Ok(Err(e)) => format!("could not list blocking sessions: {e:#}"),
+                Err(_) => "could not list blocking sessions in time".to_owned(),
+            };
+            let waited = humantime::format_duration(bound);
+            tracing::warn!(operation, waited = %waited, blocked_by = %blockers, "{operation} is stalled");
+            reporter.health.mark_stalled(
+                id,
+                format!("{operation} has waited over {waited}, blocked by {blockers}"),
+            );
         }
-    };
-    let took = Duration::from_millis(started.elapsed().as_millis() as u64);
-    tracing::info!(operation, took = %humantime::format_duration(took), "{operation} went through");
-    drop(stalled);
-    done
+    }
 }

@@ -127,16 +127,12 @@ struct Context<S> {
     reporter: Arc<Reporter>,
     /// Completions are also appended to the history.
     history: bool,
-    /// When a database operation counts as stalled.
-    stall_after: Duration,
 }
 
 impl<S: Store> Context<S> {
-    fn recorder(&self) -> Recorder<'_, S> {
+    fn recorder(&self) -> Recorder<'_> {
         Recorder {
-            store: &self.store,
             reporter: &self.reporter,
-            stall_after: self.stall_after,
         }
     }
 }
@@ -226,7 +222,6 @@ impl<S: Store> Dispatcher<S> {
                 window: options.completion_window,
                 history: options.completion_history,
                 reporter: Arc::clone(&reporter),
-                stall_after: options.stall_after,
                 stopping: cancel.subscribe(),
             },
         );
@@ -238,7 +233,6 @@ impl<S: Store> Dispatcher<S> {
             outstanding: Outstanding::default(),
             reporter: Arc::clone(&reporter),
             history: options.completion_history,
-            stall_after: options.stall_after,
         });
         let claimers = (0..streams)
             .map(|index| Claimer::new(&template, index, streams))
@@ -271,6 +265,11 @@ impl<S: Store> Dispatcher<S> {
         Started {
             completer: recording.start(),
             background: vec![
+                tokio::spawn(health::watchdog(
+                    Arc::clone(reporter),
+                    Arc::clone(store),
+                    options.stall_after,
+                )),
                 tokio::spawn(renew(
                     Arc::clone(ctx),
                     options.owner.clone(),
