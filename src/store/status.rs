@@ -133,6 +133,19 @@ pub struct UpgradePlan {
     pub locks: Locks,
 }
 
+impl UpgradePlan {
+    /// The plan of a store that has no conversion due: `found` and nothing else.
+    pub(crate) fn nothing_due(found: SchemaStatus) -> Self {
+        Self {
+            found,
+            steps: vec![],
+            counts: UpgradeCounts::default(),
+            live_leases: LiveLeases::default(),
+            locks: Locks::default(),
+        }
+    }
+}
+
 /// What a conversion locks, and for how long it expects to.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Locks {

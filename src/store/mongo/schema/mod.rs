@@ -16,8 +16,7 @@ mod mongosh;
 
 use super::MongoStore;
 use crate::store::{
-    LiveLeases, Locks, Result, Schema, SchemaStatus, SetupOutcome, UpgradeCounts, UpgradePlan,
-    UpgradeProgress,
+    Locks, Result, Schema, SchemaStatus, SetupOutcome, UpgradePlan, UpgradeProgress,
 };
 
 pub(super) use detect::VERSION_ID;
@@ -65,13 +64,7 @@ impl Schema for MongoStore {
     async fn upgrade_plan(&self) -> Result<UpgradePlan> {
         let found = self.detect().await?;
         if found != SchemaStatus::V01 {
-            return Ok(UpgradePlan {
-                found,
-                steps: vec![],
-                counts: UpgradeCounts::default(),
-                live_leases: LiveLeases::default(),
-                locks: Locks::default(),
-            });
+            return Ok(UpgradePlan::nothing_due(found));
         }
         Ok(UpgradePlan {
             found,

@@ -342,13 +342,7 @@ impl Schema for PgStore {
             .map_err(db("could not allow sequential scans"))?;
         let found = self.detect(&tx).await?;
         if found != SchemaStatus::V01 {
-            return Ok(UpgradePlan {
-                found,
-                steps: vec![],
-                counts: UpgradeCounts::default(),
-                live_leases: LiveLeases::default(),
-                locks: Locks::default(),
-            });
+            return Ok(UpgradePlan::nothing_due(found));
         }
         let row = tx
             .query_typed_one(&self.sql.counts_0_1.text, &[])
