@@ -34,6 +34,9 @@ _relaybus() {
             relaybus,events)
                 cmd="relaybus__subcmd__events"
                 ;;
+            relaybus,handlers)
+                cmd="relaybus__subcmd__handlers"
+                ;;
             relaybus,help)
                 cmd="relaybus__subcmd__help"
                 ;;
@@ -109,6 +112,30 @@ _relaybus() {
             relaybus__subcmd__events__subcmd__help,show)
                 cmd="relaybus__subcmd__events__subcmd__help__subcmd__show"
                 ;;
+            relaybus__subcmd__handlers,help)
+                cmd="relaybus__subcmd__handlers__subcmd__help"
+                ;;
+            relaybus__subcmd__handlers,list)
+                cmd="relaybus__subcmd__handlers__subcmd__list"
+                ;;
+            relaybus__subcmd__handlers,pause)
+                cmd="relaybus__subcmd__handlers__subcmd__pause"
+                ;;
+            relaybus__subcmd__handlers,resume)
+                cmd="relaybus__subcmd__handlers__subcmd__resume"
+                ;;
+            relaybus__subcmd__handlers__subcmd__help,help)
+                cmd="relaybus__subcmd__handlers__subcmd__help__subcmd__help"
+                ;;
+            relaybus__subcmd__handlers__subcmd__help,list)
+                cmd="relaybus__subcmd__handlers__subcmd__help__subcmd__list"
+                ;;
+            relaybus__subcmd__handlers__subcmd__help,pause)
+                cmd="relaybus__subcmd__handlers__subcmd__help__subcmd__pause"
+                ;;
+            relaybus__subcmd__handlers__subcmd__help,resume)
+                cmd="relaybus__subcmd__handlers__subcmd__help__subcmd__resume"
+                ;;
             relaybus__subcmd__help,bench)
                 cmd="relaybus__subcmd__help__subcmd__bench"
                 ;;
@@ -126,6 +153,9 @@ _relaybus() {
                 ;;
             relaybus__subcmd__help,events)
                 cmd="relaybus__subcmd__help__subcmd__events"
+                ;;
+            relaybus__subcmd__help,handlers)
+                cmd="relaybus__subcmd__help__subcmd__handlers"
                 ;;
             relaybus__subcmd__help,help)
                 cmd="relaybus__subcmd__help__subcmd__help"
@@ -169,6 +199,15 @@ _relaybus() {
             relaybus__subcmd__help__subcmd__events,show)
                 cmd="relaybus__subcmd__help__subcmd__events__subcmd__show"
                 ;;
+            relaybus__subcmd__help__subcmd__handlers,list)
+                cmd="relaybus__subcmd__help__subcmd__handlers__subcmd__list"
+                ;;
+            relaybus__subcmd__help__subcmd__handlers,pause)
+                cmd="relaybus__subcmd__help__subcmd__handlers__subcmd__pause"
+                ;;
+            relaybus__subcmd__help__subcmd__handlers,resume)
+                cmd="relaybus__subcmd__help__subcmd__handlers__subcmd__resume"
+                ;;
             *)
                 ;;
         esac
@@ -176,7 +215,7 @@ _relaybus() {
 
     case "${cmd}" in
         relaybus)
-            opts="-h -V --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version setup upgrade completions schema-sql publish run deliveries events dead purge lanes stats doctor bench help"
+            opts="-h -V --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version setup upgrade completions schema-sql publish run deliveries events dead purge lanes stats handlers doctor bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -773,8 +812,206 @@ _relaybus() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        relaybus__subcmd__handlers)
+            opts="-h -V --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version list pause resume help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__handlers__subcmd__help)
+            opts="list pause resume help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__handlers__subcmd__help__subcmd__help)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__handlers__subcmd__help__subcmd__list)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__handlers__subcmd__help__subcmd__pause)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__handlers__subcmd__help__subcmd__resume)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__handlers__subcmd__list)
+            opts="-h -V --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__handlers__subcmd__pause)
+            opts="-h -V --reason --by --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --reason)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --by)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__handlers__subcmd__resume)
+            opts="-h -V --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         relaybus__subcmd__help)
-            opts="setup upgrade completions schema-sql publish run deliveries events dead purge lanes stats doctor bench help"
+            opts="setup upgrade completions schema-sql publish run deliveries events dead purge lanes stats handlers doctor bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -928,6 +1165,62 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__help__subcmd__events__subcmd__show)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__help__subcmd__handlers)
+            opts="list pause resume"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__help__subcmd__handlers__subcmd__list)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__help__subcmd__handlers__subcmd__pause)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__help__subcmd__handlers__subcmd__resume)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -1202,7 +1495,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__run)
-            opts="-v -h -V --handler --exec --webhook --noop --sql --config --concurrency --batch-size --poll-interval --lease-duration --pool-size --max-attempts --retry-delay --retry-max-delay --timeout --webhook-secret --drain --completion-window --shutdown-grace --stall-after --completion-history --wake-up --metrics-addr --log-format --verbose --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
+            opts="-v -h -V --handler --exec --webhook --noop --sql --config --concurrency --batch-size --poll-interval --lease-duration --pool-size --max-attempts --retry-delay --retry-max-delay --timeout --webhook-secret --drain --completion-window --shutdown-grace --stall-after --breaker-threshold --completion-history --wake-up --metrics-addr --log-format --verbose --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1277,6 +1570,10 @@ _relaybus() {
                     return 0
                     ;;
                 --stall-after)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --breaker-threshold)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

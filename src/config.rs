@@ -42,6 +42,8 @@ struct Entry {
     exec: Option<String>,
     webhook: Option<String>,
     sql: Option<String>,
+    #[serde(default)]
+    noop: bool,
     #[serde(default, with = "humantime_serde")]
     timeout: Option<Duration>,
     max_attempts: Option<i32>,
@@ -127,11 +129,16 @@ pub fn from_file(path: &Path, defaults: &Defaults) -> Result<Vec<HandlerConfig>,
                 name: name.clone(),
                 why: why.to_owned(),
             };
-            let target = match (e.exec, e.webhook, e.sql) {
-                (Some(cmd), None, None) => Target::Exec(cmd),
-                (None, Some(url), None) => Target::Webhook(url),
-                (None, None, Some(sql)) => Target::Sql(sql),
-                _ => return Err(invalid("give exactly one of `exec`, `webhook` or `sql`")),
+            let target = match (e.exec, e.webhook, e.sql, e.noop) {
+                (Some(cmd), None, None, false) => Target::Exec(cmd),
+                (None, Some(url), None, false) => Target::Webhook(url),
+                (None, None, Some(sql), false) => Target::Sql(sql),
+                (None, None, None, true) => Target::Noop,
+                _ => {
+                    return Err(invalid(
+                        "give exactly one of `exec`, `webhook`, `sql` or `noop = true`",
+                    ))
+                }
             };
             let max_attempts = e.max_attempts.unwrap_or(defaults.retry.max_attempts);
             if !(1..=RetryPolicy::MAX_ATTEMPTS_LIMIT).contains(&max_attempts) {

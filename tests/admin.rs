@@ -275,14 +275,14 @@ fn processing_lanes_and_stats_are_derived_from_live_leases() {
     let table = stdout(&s.cmd().arg("stats").output().unwrap());
     assert_eq!(
         table.lines().next().unwrap(),
-        "HANDLER  DUE  SCHEDULED  PROCESSING  DEAD  COMPLETED  LAG"
+        "HANDLER  STATE    DUE  SCHEDULED  PROCESSING  DEAD  COMPLETED  LAG"
     );
     assert!(
         table
             .lines()
             .last()
             .unwrap()
-            .starts_with("TOTAL    1    0          1           1     0          "),
+            .starts_with("TOTAL             1    0          1           1     0          "),
         "{table}"
     );
     signal(&worker, nix::sys::signal::Signal::SIGTERM);
@@ -465,9 +465,9 @@ fn listings_fit_an_80_column_terminal() {
     assert_eq!(
         rows,
         [
-            ["HANDLER", "DUE"],
-            ["billing", "0"],
-            ["crm", "1"],
+            ["HANDLER", "STATE"],
+            ["billing", "running"],
+            ["crm", "running"],
             ["TOTAL", "1"]
         ],
         "{text}"

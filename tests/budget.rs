@@ -45,7 +45,13 @@ fn in_a_session_of_its_own<F: std::future::Future>(
     let app = format!("{}_session", s.name);
     let sep = if s.url.contains('?') { '&' } else { '?' };
     let url = format!("{}{sep}application_name={app}", s.url);
-    let store = relaybus::store::open(Some(&url), s.namespace(), StoreOptions::worker(1)).unwrap();
+    // Every session of a test is one worker's: one store instance, its sessions coming and
+    // going.
+    let options = StoreOptions {
+        instance: s.name.clone(),
+        ..StoreOptions::worker(1)
+    };
+    let store = relaybus::store::open(Some(&url), s.namespace(), options).unwrap();
     let out = crate::common::block_on(call(store));
     let sessions =
         format!("SELECT count(*) FROM pg_stat_activity WHERE application_name = '{app}'");

@@ -125,6 +125,37 @@ fn a_handler_whose_program_cannot_be_found_is_refused_at_start_up() {
 
 /// An unset variable in a deploy script makes an empty command, which `sh -c` runs
 /// successfully: every delivery would be completed and deleted unhandled.
+/// A config table names one way to run its handler: `noop = true` completes without running
+/// anything, and a table that names two is refused before anything is consumed.
+#[test]
+fn a_config_table_names_exactly_one_way_to_run_its_handler() {
+    let s = TestSchema::installed("config_noop");
+    publish(&s, &["e1", "e2"], "h");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("handlers.toml");
+    std::fs::write(&config, "[handlers.h]\nexec = \"true\"\nnoop = true\n").unwrap();
+    let run = || {
+        s.cmd()
+            .args(["run", "--drain", "--config", config.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let out = run();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).ends_with(
+            "handler `h`: give exactly one of `exec`, `webhook`, `sql` or `noop = true`\n"
+        ),
+        "{}",
+        stderr(&out)
+    );
+    std::fs::write(&config, "[handlers.h]\nnoop = true\n").unwrap();
+    let out = run();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let left = format!("SELECT count(*) FROM {}", s.table("deliveries"));
+    assert_eq!(s.count(&left), 0);
+}
+
 #[test]
 fn an_empty_handler_command_is_refused_and_nothing_is_consumed() {
     let s = TestSchema::installed("empty_exec");

@@ -182,31 +182,6 @@ fn request(owner: &str, lease: Duration) -> ClaimRequest {
     }
 }
 
-/// A process that restarts and reuses its owner name is another store instance: it does not
-/// adopt the live lanes of its dead predecessor, and takes them over once their lease expires.
-#[test]
-fn a_restarted_worker_with_the_same_owner_name_does_not_adopt_live_lanes() {
-    let m = TestMongo::new("restarted_owner");
-    let dead = m.store(StoreOptions::worker(2));
-    let restarted = m.store(StoreOptions::worker(2));
-    crate::common::block_on(async {
-        dead.setup(false).await.unwrap();
-        dead.publish(&[event("e1", None)]).await.unwrap();
-        let lease = Duration::from_millis(500);
-        let claimed = dead.claim(&request("w", lease)).await.unwrap().0;
-        assert_eq!(claimed.len(), 1);
-        let running = [claimed[0].token.delivery_id.clone()];
-        let (none, stats) = restarted.claim(&request("w", lease)).await.unwrap();
-        assert_eq!((none.len(), stats.charged, stats.lanes_taken), (0, 0, 0));
-        assert_eq!(restarted.renew("w", lease, &running).await.unwrap(), 0);
-        tokio::time::sleep(Duration::from_millis(600)).await;
-        let (none, stats) = restarted.claim(&request("w", lease)).await.unwrap();
-        assert_eq!((none.len(), stats.charged, stats.lanes_taken), (0, 1, 1));
-        let again = restarted.claim(&request("w", lease)).await.unwrap().0;
-        assert_eq!((again[0].event_id.as_str(), again[0].attempts), ("e1", 1));
-    });
-}
-
 /// A deep queue behind one running delivery of a key: the first claim parks the followers it
 /// reads (out of the claim index), each completion readies exactly the next one, and the key
 /// runs in order.
@@ -491,7 +466,7 @@ fn upgrade_converts_the_0_1_fixture_and_a_second_run_changes_nothing() {
         "{text}"
     );
     assert!(text.contains(" [8 rows]\n  2. events-handlers: "), "{text}");
-    assert!(text.contains(" [6 rows]\n  3. install: drop the 0.1 indexes, found by definition whatever their names; create the 0.2 collections and indexes, seed the 256 lanes, record the version; drops relaybus_deliveries.eventId_1_handler_1, relaybus_deliveries.handler_1_createdAt_1, relaybus_deliveries.key_1_handler_1_sequence_1, relaybus_deliveries.status_1_completedAt_1, relaybus_deliveries.status_1_lane_1_dueAt_1, relaybus_deliveries.status_1_leaseExpiresAt_1, relaybus_deliveries.status_1_updatedAt_1; creates relaybus_deliveries.eventId_handler_unique, relaybus_deliveries.lane_due, relaybus_deliveries.lane_key_sequence, relaybus_deliveries.dead_updated, relaybus_events.created, relaybus_completions.completed, relaybus_schema, relaybus_lanes, relaybus_completions\n"), "{text}");
+    assert!(text.contains(" [6 rows]\n  3. install: drop the 0.1 indexes, found by definition whatever their names; create the 0.2 collections and indexes, seed the 256 lanes, record the version; drops relaybus_deliveries.eventId_1_handler_1, relaybus_deliveries.handler_1_createdAt_1, relaybus_deliveries.key_1_handler_1_sequence_1, relaybus_deliveries.status_1_completedAt_1, relaybus_deliveries.status_1_lane_1_dueAt_1, relaybus_deliveries.status_1_leaseExpiresAt_1, relaybus_deliveries.status_1_updatedAt_1; creates relaybus_deliveries.eventId_handler_unique, relaybus_deliveries.lane_due, relaybus_deliveries.lane_key_sequence, relaybus_deliveries.dead_updated, relaybus_events.created, relaybus_completions.completed, relaybus_schema, relaybus_lanes, relaybus_completions, relaybus_handlers\n"), "{text}");
     assert!(text.ends_with("locks: none on the collections: the conversion runs in batches of 1,000 documents under relaybus's setup lock; stop 0.1 workers first\ndry run: nothing was written\n"), "{text}");
     assert_eq!(snapshot(&m), before);
 
@@ -633,6 +608,43 @@ fn setup_check_sees_a_redefined_index_and_setup_repairs_it() {
         m.name
     ));
     m.cmd().args(["setup", "--check"]).assert().success();
+}
+
+/// A 0.2 store installed before the handlers collection existed is not current until `setup`
+/// creates it.
+#[test]
+fn a_0_2_store_without_the_handlers_collection_is_completed_by_setup() {
+    let m = TestMongo::installed("no_handlers_collection");
+    crate::common::block_on(async { m.collection("handlers").drop().await }).unwrap();
+    let out = m.cmd().args(["handlers", "list"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("is incomplete (no version row, a table or collection missing"),
+        "{}",
+        stderr(&out)
+    );
+    m.cmd().arg("setup").assert().success().stdout(format!(
+        "relaybus schema 0.2 (incomplete) -> 0.2 (database \"{}\", prefix \"relaybus_\")\n",
+        m.name
+    ));
+    m.cmd()
+        .args(["handlers", "pause", "h", "--by", "ana"])
+        .assert()
+        .success();
+    let listed = m
+        .cmd()
+        .args(["handlers", "list", "--json"])
+        .output()
+        .unwrap();
+    let listed: Value = serde_json::from_str(&stdout(&listed)).unwrap();
+    assert_eq!(
+        (
+            &listed[0]["handler"],
+            &listed[0]["paused_by"],
+            &listed[0]["breaker"]
+        ),
+        (&json!("h"), &json!("ana"), &json!("closed"))
+    );
 }
 
 /// `schema-sql` on a MongoDB URL renders a `mongosh` script without connecting: the URL points
@@ -861,5 +873,24 @@ fn connection_failures_say_what_failed_in_one_sentence() {
         "error: invalid connection string `mongodb://app:***@127.0.0.1:99999/`: An invalid \
          argument was provided: invalid server address 127.0.0.1:99999: the port must be an \
          integer between 1 and 65535, got 99999\n"
+    );
+}
+
+#[test]
+fn a_pause_holds_one_handler_and_a_resume_drains_it() {
+    let m = TestMongo::installed("mongo_pause");
+    crate::common::controls::a_pause_holds_one_handler_and_a_resume_drains_it(
+        &|| m.cmd(),
+        &|args| spawn_worker(&m, args),
+        60,
+    );
+}
+
+#[test]
+fn a_failing_endpoint_opens_the_breaker_and_every_delivery_arrives_once() {
+    let m = TestMongo::installed("mongo_breaker");
+    crate::common::controls::a_failing_endpoint_opens_the_breaker_and_every_delivery_arrives_once(
+        &|| m.cmd(),
+        &|args| spawn_worker(&m, args),
     );
 }

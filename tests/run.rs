@@ -778,3 +778,22 @@ fn json_logs_keep_numbers_and_relaybus_log_filters_them() {
         "{text}"
     );
 }
+
+#[test]
+fn a_pause_holds_one_handler_and_a_resume_drains_it() {
+    let s = TestSchema::installed("run_pause");
+    crate::common::controls::a_pause_holds_one_handler_and_a_resume_drains_it(
+        &|| s.cmd(),
+        &|args| spawn_worker(&s, args),
+        300,
+    );
+}
+
+#[test]
+fn a_failing_endpoint_opens_the_breaker_and_every_delivery_arrives_once() {
+    let s = TestSchema::installed("run_breaker");
+    crate::common::controls::a_failing_endpoint_opens_the_breaker_and_every_delivery_arrives_once(
+        &|| s.cmd(),
+        &|args| spawn_worker(&s, args),
+    );
+}

@@ -59,6 +59,7 @@ fn install_creates_exactly_the_0_2_catalog() {
             "relaybus_completions|-",
             "relaybus_deliveries|autovacuum_vacuum_scale_factor=0.02",
             "relaybus_events|-",
+            "relaybus_handlers|-",
             "relaybus_key_sequences|-",
             "relaybus_lanes|fillfactor=50",
             "relaybus_schema|-",
@@ -302,7 +303,7 @@ fn upgrade_converts_the_0_1_fixture_and_a_second_run_changes_nothing() {
     let text = stdout(&out);
     assert!(text.starts_with("found: schema 0.1\nrows: 6 events, 8 deliveries (2 pending, 2 processing -> pending, 2 completed kept, 2 dead)\nsteps:\n"), "{text}");
     assert!(text.contains("  2. events-handlers: fill events.handlers from every delivery, completed ones included, so nothing completed under 0.1 runs again [6 rows]\n"), "{text}");
-    assert!(text.contains("  5. install: drop the indexes 0.2 does not keep, found by definition whatever their names; create the 0.2 indexes and tables, seed the 256 lanes, record the version; drops relaybus_deliveries_completed_idx, relaybus_deliveries_dead_purge_idx, relaybus_deliveries_due_idx, relaybus_deliveries_due_unkeyed_idx, relaybus_deliveries_handler_created_idx, relaybus_deliveries_key_sequence_idx, relaybus_deliveries_processing_idx, relaybus_deliveries_status_created_idx; creates relaybus_completions_completed_idx, relaybus_deliveries_dead_idx, relaybus_deliveries_lane_due_idx, relaybus_deliveries_lane_key_idx, relaybus_lanes, relaybus_completions, relaybus_schema\n"), "{text}");
+    assert!(text.contains("  5. install: drop the indexes 0.2 does not keep, found by definition whatever their names; create the 0.2 indexes and tables, seed the 256 lanes, record the version; drops relaybus_deliveries_completed_idx, relaybus_deliveries_dead_purge_idx, relaybus_deliveries_due_idx, relaybus_deliveries_due_unkeyed_idx, relaybus_deliveries_handler_created_idx, relaybus_deliveries_key_sequence_idx, relaybus_deliveries_processing_idx, relaybus_deliveries_status_created_idx; creates relaybus_completions_completed_idx, relaybus_deliveries_dead_idx, relaybus_deliveries_lane_due_idx, relaybus_deliveries_lane_key_idx, relaybus_lanes, relaybus_completions, relaybus_handlers, relaybus_schema\n"), "{text}");
     assert!(
         text.ends_with("from 0.1 to 0.2 in ") || text.contains("\" from 0.1 to 0.2 in "),
         "{text}"
@@ -474,6 +475,33 @@ fn setup_check_sees_a_redefined_index_and_setup_repairs_it() {
         catalog(&TestSchema::installed("redefined_ref"))
     );
     s.cmd().args(["setup", "--check"]).assert().success();
+}
+
+/// A 0.2 store installed before the handlers table existed is not current: workers and the
+/// admin commands ask for `setup`, which adds the table and nothing else.
+#[test]
+fn a_0_2_store_without_the_handlers_table_is_completed_by_setup() {
+    let s = TestSchema::installed("no_handlers_table");
+    let n = &s.name;
+    s.exec(&format!("DROP TABLE \"{n}\".relaybus_handlers"));
+    let out = s.cmd().args(["handlers", "list"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        format!("error: the relaybus schema in schema \"{n}\" with prefix \"relaybus_\" is incomplete (no version row, a table or collection missing, or indexes that differ from 0.2's); run `relaybus setup`\n")
+    );
+    s.cmd().arg("setup").assert().success().stdout(format!(
+        "relaybus schema 0.2 (incomplete) -> 0.2 (schema \"{n}\", prefix \"relaybus_\")\n"
+    ));
+    assert_eq!(
+        catalog(&s),
+        catalog(&TestSchema::installed("no_handlers_table_ref"))
+    );
+    s.cmd()
+        .args(["handlers", "list"])
+        .assert()
+        .success()
+        .stdout("no handler has deliveries or controls\n");
 }
 
 #[test]

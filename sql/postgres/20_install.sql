@@ -110,6 +110,19 @@ CREATE TABLE IF NOT EXISTS "{{schema}}"."{{prefix}}completions" (
 CREATE INDEX IF NOT EXISTS "{{prefix}}completions_completed_idx"
   ON "{{schema}}"."{{prefix}}completions" (completed_at);
 
+-- What operators and workers decide about a handler, read by every worker about once a second:
+-- a pause (`relaybus handlers pause`), and the circuit breaker of its webhook endpoint. Only
+-- pauses and failed requests write here, never the happy path.
+CREATE TABLE IF NOT EXISTS "{{schema}}"."{{prefix}}handlers" (
+  handler text PRIMARY KEY,
+  paused_at timestamptz,
+  paused_by text,
+  pause_reason text,
+  failures int NOT NULL DEFAULT 0,
+  opened int NOT NULL DEFAULT 0,
+  open_until timestamptz
+);
+
 INSERT INTO "{{schema}}"."{{prefix}}schema" (version) VALUES ('0.2')
   ON CONFLICT (singleton) DO UPDATE SET version = excluded.version
   WHERE "{{prefix}}schema".version IS DISTINCT FROM excluded.version;

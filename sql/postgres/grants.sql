@@ -8,7 +8,8 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON
   "{{schema}}"."{{prefix}}events",
   "{{schema}}"."{{prefix}}deliveries",
   "{{schema}}"."{{prefix}}key_sequences",
-  "{{schema}}"."{{prefix}}completions"
+  "{{schema}}"."{{prefix}}completions",
+  "{{schema}}"."{{prefix}}handlers"
   TO {{role}};
 -- Claims lock and write lane rows; nothing inserts or deletes one.
 GRANT SELECT, UPDATE ON "{{schema}}"."{{prefix}}lanes" TO {{role}};

@@ -8,8 +8,9 @@ use serde_json::json;
 
 use super::output::{age, time, when};
 use super::{GlobalArgs, Output};
+use crate::store::controls::Breaker;
 use crate::store::prelude::*;
-use crate::store::StoreOptions;
+use crate::store::{HandlerStats, StoreOptions};
 
 /// Show the 256 lanes: owner, epoch, lease, in flight, pending, oldest due.
 ///
@@ -21,8 +22,8 @@ pub struct LanesArgs {
     pub all: bool,
 }
 
-/// Per handler: due, scheduled, processing, dead, completed and the lag (age of the oldest due
-/// delivery).
+/// Per handler: its state (running, paused, or its circuit breaker open), due, scheduled,
+/// processing, dead, completed and the lag (age of the oldest due delivery).
 #[derive(Debug, Args)]
 pub struct StatsArgs {}
 
@@ -98,21 +99,44 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: LanesArgs) -> Result
 pub(super) async fn run_stats(g: &GlobalArgs, out: &Output, _: StatsArgs) -> Result<ExitCode> {
     let store = g.open(StoreOptions::admin())?;
     store.require_current().await?;
-    let stats = store.stats().await?;
+    let states = super::handlers::states(&store).await?;
+    let now = chrono::Utc::now();
     if out.json {
-        out.print_json(&stats)?;
+        /// A handler's statistics and, beside them, its state.
+        #[derive(serde::Serialize)]
+        struct Row<'a> {
+            #[serde(flatten)]
+            stats: &'a HandlerStats,
+            paused: bool,
+            breaker: Breaker,
+        }
+        let rows: Vec<Row> = states
+            .iter()
+            .map(|(stats, c)| Row {
+                stats,
+                paused: c.paused(),
+                breaker: c.breaker(now),
+            })
+            .collect();
+        out.print_json(&rows)?;
         return Ok(ExitCode::SUCCESS);
     }
-    if stats.is_empty() {
+    if states.is_empty() {
         out.line("no deliveries: nothing pending, dead or completed")?;
         return Ok(ExitCode::SUCCESS);
     }
     let lag = |s: Option<f64>| s.map(age).unwrap_or_else(|| "-".into());
-    let mut rows: Vec<Vec<String>> = stats
+    let mut rows: Vec<Vec<String>> = states
         .iter()
-        .map(|s| {
+        .map(|(s, c)| {
+            let state = match (c.paused(), c.breaker(now)) {
+                (true, _) => "paused".to_owned(),
+                (false, Breaker::Closed) => "running".to_owned(),
+                (false, b) => format!("breaker {}", b.name()),
+            };
             vec![
                 s.handler.clone(),
+                state,
                 s.due.to_string(),
                 s.scheduled.to_string(),
                 s.processing.to_string(),
@@ -122,10 +146,11 @@ pub(super) async fn run_stats(g: &GlobalArgs, out: &Output, _: StatsArgs) -> Res
             ]
         })
         .collect();
-    let sum =
-        |f: fn(&crate::store::HandlerStats) -> i64| stats.iter().map(f).sum::<i64>().to_string();
+    let stats: Vec<&HandlerStats> = states.iter().map(|(s, _)| s).collect();
+    let sum = |f: fn(&HandlerStats) -> i64| stats.iter().map(|s| f(s)).sum::<i64>().to_string();
     rows.push(vec![
         "TOTAL".into(),
+        String::new(),
         sum(|s| s.due),
         sum(|s| s.scheduled),
         sum(|s| s.processing),
@@ -136,6 +161,7 @@ pub(super) async fn run_stats(g: &GlobalArgs, out: &Output, _: StatsArgs) -> Res
     out.table(
         &[
             "HANDLER",
+            "STATE",
             "DUE",
             "SCHEDULED",
             "PROCESSING",

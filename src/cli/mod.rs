@@ -6,6 +6,7 @@ mod dead;
 mod deliveries;
 mod doctor;
 pub mod generate;
+mod handlers;
 mod lanes;
 pub mod logs;
 mod output;
@@ -113,6 +114,7 @@ pub enum Command {
     Purge(purge::PurgeArgs),
     Lanes(lanes::LanesArgs),
     Stats(lanes::StatsArgs),
+    Handlers(handlers::HandlersArgs),
     Doctor(doctor::DoctorArgs),
     Completions(generate::CompletionsArgs),
     Bench(bench::BenchArgs),
@@ -142,6 +144,7 @@ const NOT_APPLICABLE: &[(&str, &[&str])] = &[
     ("purge", &["lock_timeout"]),
     ("lanes", &["lock_timeout"]),
     ("stats", &["lock_timeout"]),
+    ("handlers", &["lock_timeout"]),
     ("doctor", &["lock_timeout"]),
     ("bench", &["schema", "lock_timeout"]),
 ];
@@ -360,6 +363,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Purge(args) => purge::run(g, &out, args).await,
         Command::Lanes(args) => lanes::run(g, &out, args).await,
         Command::Stats(args) => lanes::run_stats(g, &out, args).await,
+        Command::Handlers(args) => handlers::run(g, &out, args).await,
         Command::Doctor(args) => doctor::run(g, &out, args).await,
         Command::Completions(args) => generate::run(g, &out, args),
         Command::Bench(args) => bench::run(g, &out, args).await,

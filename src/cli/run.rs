@@ -154,6 +154,12 @@ pub struct RunArgs {
     /// relaybus_stalls_total, and /readyz unready until it goes through.
     #[arg(long, default_value = human(DispatchOptions::STALL_AFTER), value_parser = within(DispatchOptions::STALL_AFTER_BOUNDS), value_name = "DURATION")]
     pub stall_after: Duration,
+    /// A webhook endpoint that fails (5xx, timeout, refused connection) this many times in a
+    /// row opens its circuit breaker, shared by every worker of the store: nothing is sent to
+    /// it for 30 s (doubling after each failed probe, up to 10 min), then one probe; its
+    /// deliveries wait meanwhile without an attempt charged.
+    #[arg(long, default_value_t = DispatchOptions::BREAKER_THRESHOLD, value_parser = clap::value_parser!(i32).range(1..=10_000), value_name = "FAILURES")]
+    pub breaker_threshold: i32,
     /// Keep an append-only history of completions (one insert per completion).
     #[arg(long)]
     pub completion_history: bool,
@@ -293,6 +299,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<E
         completion_history: args.completion_history,
         wake_ups: args.wake_up == WakeUp::Listen,
         stall_after: args.stall_after,
+        breaker_threshold: args.breaker_threshold,
         ..DispatchOptions::new(worker_name())
     };
     let summary = Dispatcher::new(Arc::clone(&store), options, handlers, reporter)

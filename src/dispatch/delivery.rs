@@ -7,6 +7,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
 use super::complete::RunningGuard;
+use super::controls::Admit;
 use super::metrics::Ended;
 use super::{Context, HandlerSpec, Runner};
 use crate::handler::Outcome;
@@ -42,6 +43,20 @@ pub(super) async fn run<S: Store>(
         _ = ctx.reporter.health.outcomes_recorded() => {}
         _ = cancel.wait_for(|c| *c) => return Some(delivery.token),
     }
+    let admit = ctx.controls.admit(&*ctx.store, &delivery.handler).await;
+    if let Admit::Hold(delay) = admit {
+        drop((slot, running));
+        let error = "circuit breaker open: the endpoint is not sent to until its cool-down ends";
+        record(
+            ctx,
+            &delivery,
+            Failure::Postpone { delay },
+            error.into(),
+            &mut cancel,
+        )
+        .await;
+        return None;
+    }
     let started = Instant::now();
     let ran = match &spec.runner {
         Runner::Handler(handler) => tokio::select! {
@@ -57,6 +72,16 @@ pub(super) async fn run<S: Store>(
         Ran::Recorded => return None,
         Ran::Outcome(outcome) => outcome,
     };
+    let probe = admit == Admit::Probe;
+    (ctx.controls)
+        .attempted(
+            &*ctx.store,
+            &ctx.reporter,
+            &delivery.handler,
+            &outcome,
+            probe,
+        )
+        .await;
     if !matches!(outcome, Outcome::NotStarted { .. }) {
         ctx.reporter.health.started();
         ctx.reporter
@@ -78,7 +103,8 @@ pub(super) async fn run<S: Store>(
         return None;
     }
     drop(running);
-    record_failure(ctx, spec, &delivery, outcome, &mut cancel).await;
+    let (failure, error) = failure(ctx, spec, &delivery, outcome);
+    record(ctx, &delivery, failure, error, &mut cancel).await;
     None
 }
 
@@ -121,24 +147,23 @@ async fn run_statement<S: Store>(
     Ran::Recorded
 }
 
-/// Records an attempt that did not complete: rescheduled with back-off, buried, or (when the
-/// handler could not be started) postponed without an attempt.
-async fn record_failure<S: Store>(
+/// What an attempt that did not complete comes to: rescheduled with back-off, buried, or (when
+/// the handler could not be started) postponed without an attempt.
+fn failure<S: Store>(
     ctx: &Context<S>,
     spec: &HandlerSpec,
     delivery: &ClaimedDelivery,
     outcome: Outcome,
-    cancel: &mut watch::Receiver<bool>,
-) {
+) -> (Failure, String) {
     let attempt = delivery.attempts + 1;
-    let (failure, error) = match outcome {
+    match outcome {
         Outcome::Completed => unreachable!("a completion is recorded by the completer"),
         Outcome::Rejected { error } => (Failure::Reject, error),
         Outcome::NotStarted { error } => {
             let delay = ctx.reporter.health.start_failed(&error);
             (Failure::Postpone { delay }, error)
         }
-        Outcome::Failed { error, retry_after } => {
+        Outcome::Failed { error, retry_after } | Outcome::Unavailable { error, retry_after } => {
             let backoff = spec.retry.backoff;
             let delay = retry_after
                 .map(|d| d.min(backoff.max))
@@ -150,7 +175,18 @@ async fn record_failure<S: Store>(
             };
             (retry, error)
         }
-    };
+    }
+}
+
+/// Records an attempt that did not complete, or a delivery postponed without one.
+async fn record<S: Store>(
+    ctx: &Context<S>,
+    delivery: &ClaimedDelivery,
+    failure: Failure,
+    error: String,
+    cancel: &mut watch::Receiver<bool>,
+) {
+    let attempt = delivery.attempts + 1;
     // A NUL byte (a handler's stderr may hold one) is refused by PostgreSQL's text: the error
     // could never be recorded.
     let error = error.replace('\0', "\u{FFFD}");
@@ -176,7 +212,7 @@ async fn record_failure<S: Store>(
         }
         (Ok(FailOutcome::Rescheduled), Failure::Postpone { .. }) => {
             ctx.reporter.ended(Ended::Released, handler);
-            tracing::debug!(delivery = %id, handler = %handler, retry_in = %retry_in, "handler not started; delivery released without an attempt");
+            tracing::debug!(delivery = %id, handler = %handler, retry_in = %retry_in, error = %error, "delivery released without an attempt");
         }
         (Ok(FailOutcome::Rescheduled), _) => {
             ctx.reporter.ended(Ended::Failed, handler);

@@ -34,6 +34,12 @@ struct HandlerLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransitionLabel {
+    handler: String,
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OperationLabel {
     operation: &'static str,
 }
@@ -76,6 +82,9 @@ pub struct Metrics {
     completion_duration: Seconds,
     handler_duration: Family<HandlerLabel, Seconds, fn() -> Seconds>,
     lag: Family<HandlerLabel, Lag>,
+    paused: Family<HandlerLabel, Gauge>,
+    breaker_open: Family<HandlerLabel, Gauge>,
+    breaker_transitions: Family<TransitionLabel, Counter>,
     lanes_held: Gauge,
     wake_ups: Counter,
     database_errors: Family<OperationLabel, Counter>,
@@ -119,7 +128,7 @@ const ENDED: [(&str, &str); 5] = [
     ),
     (
         "deliveries_released",
-        "Deliveries handed back without an attempt, their handler not started",
+        "Deliveries handed back without an attempt: their handler not started, or its circuit breaker open",
     ),
 ];
 
@@ -178,6 +187,24 @@ impl Metrics {
                 "Age of the oldest due delivery of each handler, read at most every 10 s",
                 Family::default(),
             ),
+            paused: registered(
+                &mut r,
+                "handler_paused",
+                "1 while the handler is paused (`relaybus handlers pause`)",
+                Family::default(),
+            ),
+            breaker_open: registered(
+                &mut r,
+                "breaker_open",
+                "1 while the circuit breaker of the handler's endpoint is open",
+                Family::default(),
+            ),
+            breaker_transitions: registered(
+                &mut r,
+                "breaker_transitions",
+                "Changes of a handler's circuit breaker seen by this worker, by the state entered",
+                Family::default(),
+            ),
             lanes_held: registered(
                 &mut r,
                 "lanes_held",
@@ -217,6 +244,8 @@ impl Metrics {
                         handler: handler.clone(),
                     };
                     let _ = self.lag.get_or_create(&label);
+                    let _ = self.paused.get_or_create(&label);
+                    let _ = self.breaker_open.get_or_create(&label);
                     let series = HandlerSeries {
                         ended: self
                             .ended
@@ -277,6 +306,32 @@ impl Metrics {
         if let Some(series) = self.of(handler) {
             series.duration.observe(took.as_secs_f64());
         }
+    }
+
+    /// A handler's controls as the worker last read them.
+    pub fn controls(&self, handler: &str, paused: bool, breaker_open: bool) {
+        if !self.enabled {
+            return;
+        }
+        let label = HandlerLabel {
+            handler: handler.to_owned(),
+        };
+        self.paused.get_or_create(&label).set(i64::from(paused));
+        self.breaker_open
+            .get_or_create(&label)
+            .set(i64::from(breaker_open));
+    }
+
+    pub fn breaker_changed(&self, handler: &str, state: &'static str) {
+        if !self.enabled {
+            return;
+        }
+        self.breaker_transitions
+            .get_or_create(&TransitionLabel {
+                handler: handler.to_owned(),
+                state,
+            })
+            .inc();
     }
 
     pub fn lanes_held(&self, lanes: u64) {

@@ -8,6 +8,7 @@
 //! attempt and hands every lane back at once.
 
 mod complete;
+mod controls;
 mod delivery;
 mod health;
 pub mod metrics;
@@ -127,6 +128,8 @@ struct Context<S> {
     reporter: Arc<Reporter>,
     /// Completions are also appended to the history.
     history: bool,
+    /// Pauses and circuit breakers.
+    controls: controls::Controls,
 }
 
 impl<S: Store> Context<S> {
@@ -233,6 +236,7 @@ impl<S: Store> Dispatcher<S> {
             outstanding: Outstanding::default(),
             reporter: Arc::clone(&reporter),
             history: options.completion_history,
+            controls: controls::Controls::new(&template.handlers, options.breaker_threshold),
         });
         let claimers = (0..streams)
             .map(|index| Claimer::new(&template, index, streams))
@@ -261,7 +265,7 @@ impl<S: Store> Dispatcher<S> {
             slots,
             ..
         } = &self.shared;
-        let wakes = self.claimers.iter().map(|c| Arc::clone(&c.wake)).collect();
+        let wakes: Vec<_> = self.claimers.iter().map(|c| Arc::clone(&c.wake)).collect();
         Started {
             completer: recording.start(),
             background: vec![
@@ -280,6 +284,11 @@ impl<S: Store> Dispatcher<S> {
                     Arc::clone(slots),
                     options.concurrency,
                 )),
+                tokio::spawn(controls::refresh(
+                    Arc::clone(ctx),
+                    options.poll_interval,
+                    wakes.clone(),
+                )),
             ],
             wake_relay: options
                 .wake_ups
@@ -291,6 +300,7 @@ impl<S: Store> Dispatcher<S> {
     /// Claims and runs deliveries until `shutdown` says stop, then stops as it says.
     pub async fn run(mut self, shutdown: watch::Receiver<Shutdown>) -> Summary {
         let recording = self.recording.take().expect("a dispatcher runs once");
+        controls::load(&self.shared.ctx).await;
         let started = self.start_tasks(recording);
         let options = &self.shared.options;
         tracing::info!(
@@ -425,7 +435,15 @@ impl Claimer {
                 continue;
             };
             let searched = self.new_lanes > 0;
-            let Some((claimed, stats)) = self.claim(shared, want, &mut shutdown).await else {
+            let Some(request) = self.request(shared, want) else {
+                // Every handler of this worker is paused, or its breaker open.
+                if self.drained(shared).await {
+                    break;
+                }
+                self.idle(shared, &mut shutdown).await;
+                continue;
+            };
+            let Some((claimed, stats)) = self.claim(shared, request, &mut shutdown).await else {
                 continue;
             };
             let got = claimed.len();
@@ -500,20 +518,30 @@ impl Claimer {
         Some(free.min(full))
     }
 
+    /// The next claim of up to `want` deliveries, for the handlers that may be claimed now;
+    /// None when none may.
+    fn request<S: Store>(&mut self, shared: &Shared<S>, want: usize) -> Option<ClaimRequest> {
+        let mut request = ClaimRequest {
+            batch: want as i64,
+            new_lanes: self.new_lanes,
+            ..self.template.clone()
+        };
+        shared.ctx.controls.narrow(&mut request);
+        if request.handlers.is_empty() {
+            return None;
+        }
+        request.outstanding = shared.ctx.outstanding.ids();
+        request.held = self.held.take();
+        Some(request)
+    }
+
     /// One claim; a failing one is logged and retried after a back-off.
     async fn claim<S: Store>(
         &mut self,
         shared: &Shared<S>,
-        want: usize,
+        request: ClaimRequest,
         shutdown: &mut watch::Receiver<Shutdown>,
     ) -> Option<(Vec<ClaimedDelivery>, ClaimStats)> {
-        let request = ClaimRequest {
-            batch: want as i64,
-            new_lanes: self.new_lanes,
-            outstanding: shared.ctx.outstanding.ids(),
-            held: self.held.take(),
-            ..self.template.clone()
-        };
         let started = Instant::now();
         let recorder = shared.ctx.recorder();
         let claim = recorder.watched("claim", shared.store.claim(&request));
@@ -622,12 +650,18 @@ impl Claimer {
         got == 0 && stats.lanes_taken == 0 && searched
     }
 
-    /// With `drain`: true once nothing of this stream runs and nothing of these handlers is due.
+    /// With `drain`: true once nothing of this stream runs and nothing is due for the handlers
+    /// it may claim (a paused handler's deliveries wait for a worker after its resume).
     async fn drained<S: Store>(&self, shared: &Shared<S>) -> bool {
         if !(shared.options.drain && self.tasks.is_empty()) {
             return false;
         }
-        match shared.store.due_exists(&self.template.handlers).await {
+        let mut claimable = self.template.clone();
+        shared.ctx.controls.narrow(&mut claimable);
+        if claimable.handlers.is_empty() {
+            return true;
+        }
+        match shared.store.due_exists(&claimable.handlers).await {
             Ok(due) => !due,
             Err(e) => {
                 tracing::warn!(error = %format!("{e:#}"), "could not check for due work");

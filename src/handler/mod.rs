@@ -61,6 +61,12 @@ pub enum Outcome {
         error: String,
         retry_after: Option<Duration>,
     },
+    /// A failed attempt whose endpoint did not answer, or answered with a server error: retried
+    /// like `Failed`, and counted by the handler's circuit breaker.
+    Unavailable {
+        error: String,
+        retry_after: Option<Duration>,
+    },
     /// The handler says retrying cannot help (exit 65, HTTP 410): buried at once.
     Rejected {
         error: String,

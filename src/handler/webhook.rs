@@ -99,7 +99,7 @@ impl WebhookHandler {
         let response = match request.body(body).send().await {
             Ok(r) => r,
             Err(e) if e.is_timeout() => {
-                return failed(
+                return unavailable(
                     format!(
                         "timed out after {}",
                         humantime::format_duration(self.timeout)
@@ -107,7 +107,7 @@ impl WebhookHandler {
                     None,
                 )
             }
-            Err(e) => return failed(format!("request failed: {}", error_chain(&e)), None),
+            Err(e) => return unavailable(format!("request failed: {}", error_chain(&e)), None),
         };
         let status = response.status();
         if status.is_success() {
@@ -136,6 +136,8 @@ impl WebhookHandler {
         let error = format!("HTTP {}: {}", status.as_u16(), tail(text.trim(), BODY_TAIL));
         if status == reqwest::StatusCode::GONE {
             Outcome::Rejected { error }
+        } else if status.is_server_error() {
+            unavailable(error, retry_after)
         } else {
             failed(error, retry_after)
         }
@@ -144,6 +146,10 @@ impl WebhookHandler {
 
 fn failed(error: String, retry_after: Option<Duration>) -> Outcome {
     Outcome::Failed { error, retry_after }
+}
+
+fn unavailable(error: String, retry_after: Option<Duration>) -> Outcome {
+    Outcome::Unavailable { error, retry_after }
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::bench::{Backlog, BenchStore, DeliveryCounts, ServerCounters};
+use super::controls::HandlerControl;
 use super::mongo::MongoStore;
 use super::postgres::PgStore;
 use super::*;
@@ -183,6 +184,19 @@ impl Dispatch for AnyStore {
     }
     async fn due_exists(&self, handlers: &[String]) -> Result<bool> {
         on_engine!(self, s => s.due_exists(handlers).await)
+    }
+}
+
+impl Controls for AnyStore {
+    async fn controls(&self) -> Result<Vec<HandlerControl>> {
+        on_engine!(self, s => s.controls().await)
+    }
+    async fn change_controls(
+        &self,
+        handler: &str,
+        change: &(dyn Fn(&mut HandlerControl) -> bool + Sync),
+    ) -> Result<Option<HandlerControl>> {
+        on_engine!(self, s => s.change_controls(handler, change).await)
     }
 }
 

@@ -6,6 +6,7 @@
 mod any;
 pub mod bench;
 mod connstr;
+pub mod controls;
 pub mod doctor;
 mod error;
 mod ident;
@@ -40,7 +41,8 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 /// The store's traits, for code that calls a store's methods on a concrete type.
 pub mod prelude {
     pub use super::{
-        DeadLetters, Dispatch, Doctor, Inspect, Publish, Retention, Schema, SqlHandler, Store, Wake,
+        Controls, DeadLetters, Dispatch, Doctor, Inspect, Publish, Retention, Schema, SqlHandler,
+        Store, Wake,
     };
 }
 
@@ -48,7 +50,16 @@ pub mod prelude {
 /// its code; a store is all of them. Futures are `Send` so a store can serve many tasks of the
 /// dispatcher.
 pub trait Store:
-    Schema + Doctor + Publish + Wake + Dispatch + SqlHandler + Inspect + DeadLetters + Retention
+    Schema
+    + Doctor
+    + Publish
+    + Wake
+    + Dispatch
+    + SqlHandler
+    + Inspect
+    + DeadLetters
+    + Retention
+    + Controls
 {
     /// Where the store lives.
     fn namespace(&self) -> &Namespace;
@@ -205,6 +216,22 @@ pub trait Inspect: Send + Sync + 'static {
     fn lanes(&self) -> impl Future<Output = Result<Vec<LaneRow>>> + Send;
 
     fn stats(&self) -> impl Future<Output = Result<Vec<HandlerStats>>> + Send;
+}
+
+/// Pauses and circuit breakers (`controls::HandlerControl`), shared by every worker of the
+/// store.
+pub trait Controls: Send + Sync + 'static {
+    /// Every handler that has controls, by name.
+    fn controls(&self) -> impl Future<Output = Result<Vec<controls::HandlerControl>>> + Send;
+
+    /// Applies `change` to one handler's controls (the defaults when it has none) atomically,
+    /// and writes them when it returns true; returns what was written. `change` may be called
+    /// again when another change got there first.
+    fn change_controls(
+        &self,
+        handler: &str,
+        change: &(dyn Fn(&mut controls::HandlerControl) -> bool + Sync),
+    ) -> impl Future<Output = Result<Option<controls::HandlerControl>>> + Send;
 }
 
 /// Dead letters brought back.

@@ -19,6 +19,10 @@ pub struct StoreOptions {
     pub prepared_statements: bool,
     /// How long a schema change waits for a lock before it gives up, having changed nothing.
     pub lock_timeout: Duration,
+    /// Which store instance this is, recorded beside the owner name on the lanes it holds: a
+    /// restarted process that reuses its owner name never adopts the live lanes of its dead
+    /// predecessor. Random per set of options; a clone continues the same instance.
+    pub instance: String,
 }
 
 impl StoreOptions {
@@ -35,6 +39,7 @@ impl StoreOptions {
             long_lived: false,
             prepared_statements: true,
             lock_timeout: Self::LOCK_TIMEOUT,
+            instance: uuid::Uuid::now_v7().simple().to_string(),
         }
     }
 

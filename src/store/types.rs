@@ -561,6 +561,21 @@ pub struct HandlerStats {
     pub lag_seconds: Option<f64>,
 }
 
+impl HandlerStats {
+    /// A handler without deliveries.
+    pub fn empty(handler: &str) -> Self {
+        Self {
+            handler: handler.to_owned(),
+            due: 0,
+            scheduled: 0,
+            processing: 0,
+            dead: 0,
+            completed: 0,
+            lag_seconds: None,
+        }
+    }
+}
+
 /// One purge batch: rows deleted, and whether another batch may find more.
 #[derive(Clone, Copy, Debug)]
 pub struct PurgeBatch {

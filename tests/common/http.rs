@@ -1,9 +1,11 @@
-//! A real HTTP/1.1 server on 127.0.0.1 for webhook tests: it records every request and answers
-//! with the scripted responses in order (the last one repeats).
+//! A real HTTP/1.1 server on 127.0.0.1 for webhook tests: it records every request, with when it
+//! came, and answers as a script says: responses in order (the last one repeats), or any rule of
+//! the request's number and time.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 #[derive(Clone, Debug)]
 pub struct Request {
@@ -11,6 +13,9 @@ pub struct Request {
     pub path: String,
     pub headers: Vec<(String, String)>,
     pub body: String,
+    pub at: Instant,
+    /// The status it was answered with.
+    pub status: u16,
 }
 
 impl Request {
@@ -27,8 +32,17 @@ pub struct Server {
     pub requests: Arc<Mutex<Vec<Request>>>,
 }
 
-/// `responses`: (status, extra header lines, body).
-pub fn serve(responses: Vec<(u16, &'static str, &'static str)>) -> Server {
+/// A response: status, extra header lines, body.
+pub type Response = (u16, &'static str, &'static str);
+
+/// `responses`, in order; the last one repeats.
+pub fn serve(responses: Vec<Response>) -> Server {
+    serve_with(move |index, _| responses[index.min(responses.len() - 1)])
+}
+
+/// Answers the request numbered `index` from 0, which came at `at`, as `respond` says.
+pub fn serve_with(respond: impl Fn(usize, Instant) -> Response + Send + Sync + 'static) -> Server {
+    let respond = Arc::new(respond);
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
     let requests = Arc::new(Mutex::new(Vec::new()));
@@ -37,7 +51,7 @@ pub fn serve(responses: Vec<(u16, &'static str, &'static str)>) -> Server {
         for stream in listener.incoming() {
             let Ok(stream) = stream else { return };
             let seen = Arc::clone(&seen);
-            let responses = responses.clone();
+            let respond = Arc::clone(&respond);
             std::thread::spawn(move || {
                 let mut reader = BufReader::new(stream.try_clone().unwrap());
                 let mut writer = stream;
@@ -67,17 +81,20 @@ pub fn serve(responses: Vec<(u16, &'static str, &'static str)>) -> Server {
                     }
                     let mut body = vec![0; length];
                     reader.read_exact(&mut body).unwrap();
-                    let index = {
+                    let (status, extra, text) = {
                         let mut all = seen.lock().unwrap();
+                        let at = Instant::now();
+                        let response = respond(all.len(), at);
                         all.push(Request {
                             method,
                             path,
                             headers,
                             body: String::from_utf8(body).unwrap(),
+                            at,
+                            status: response.0,
                         });
-                        all.len() - 1
+                        response
                     };
-                    let (status, extra, text) = responses[index.min(responses.len() - 1)];
                     let reply = format!(
                         "HTTP/1.1 {status} X\r\nContent-Length: {}\r\n{extra}\r\n{text}",
                         text.len()

@@ -1,6 +1,7 @@
 //! Shared test fixtures: a throwaway schema per test and helpers to run the binary.
 
 pub mod cluster;
+pub mod controls;
 pub mod drain;
 pub mod http;
 pub mod mongo;

@@ -8,14 +8,23 @@ mod mongo;
 mod postgres;
 pub(crate) mod suite;
 
-/// One `#[test]` per suite function, each on a fresh namespace from `$open`.
+/// One `#[test]` per suite function, each on a fresh namespace from `$open`; those after the
+/// second `;` get a second store instance over the same namespace too.
 macro_rules! tests {
-    ($open:path; $($test:ident),* $(,)?) => {
+    ($open:path; $($test:ident),* ; $($pair:ident),* $(,)?) => {
         $(
             #[test]
             fn $test() {
                 let namespace = $open(stringify!($test));
                 let story = crate::conformance::suite::$test(&namespace.store);
+                crate::common::block_on(story);
+            }
+        )*
+        $(
+            #[test]
+            fn $pair() {
+                let namespace = $open(stringify!($pair));
+                let story = crate::conformance::suite::$pair(&namespace.store, &namespace.other);
                 crate::common::block_on(story);
             }
         )*
@@ -48,7 +57,9 @@ macro_rules! conformance {
             requeue_revives_only_the_selected_dead_deliveries,
             purge_deletes_what_retention_allows_and_keeps_pending_work,
             listings_filter_by_status_handler_key_event_and_type_in_creation_order,
-            lanes_and_stats_describe_leases_and_backlog,
+            lanes_and_stats_describe_leases_and_backlog;
+            a_restarted_worker_with_the_same_owner_name_does_not_adopt_live_lanes,
+            handler_controls_change_atomically_and_every_instance_reads_them,
         );
     };
 }

@@ -6,6 +6,8 @@ use crate::common::mongo::TestMongo;
 
 pub(crate) struct MongoNamespace {
     pub(crate) store: AnyStore,
+    /// Another store instance over the same database.
+    pub(crate) other: AnyStore,
     // Dropped after the store: the database goes when the test ends, however it ends.
     _database: TestMongo,
 }
@@ -14,6 +16,7 @@ fn open(test: &str) -> MongoNamespace {
     let database = TestMongo::new(test);
     MongoNamespace {
         store: database.store(StoreOptions::worker(4)),
+        other: database.store(StoreOptions::worker(4)),
         _database: database,
     }
 }

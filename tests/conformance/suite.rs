@@ -741,6 +741,119 @@ pub(crate) async fn an_expired_lane_with_deliveries_in_flight_is_taken_over_what
     assert_eq!(expired(s.lanes().await.unwrap()), []);
 }
 
+/// A process that restarts and reuses its owner name is another store instance: it does not
+/// adopt the live lanes of its dead predecessor, and takes them over, charged, once their lease
+/// expires.
+pub(crate) async fn a_restarted_worker_with_the_same_owner_name_does_not_adopt_live_lanes<
+    S: Store,
+>(
+    dead: &S,
+    restarted: &S,
+) {
+    installed(dead).await;
+    publish(dead, &[order("e1", None, &["h"])]).await;
+    let short = ClaimRequest {
+        lease: Duration::from_millis(500),
+        ..request("w", &["h"])
+    };
+    let claimed = claim(dead, &short).await;
+    assert_eq!(events_of(&claimed), ["e1"]);
+    let running = [claimed[0].token.delivery_id.clone()];
+    let (none, stats) = restarted.claim(&short).await.unwrap();
+    assert_eq!((none.len(), stats.charged, stats.lanes_taken), (0, 0, 0));
+    assert_eq!(
+        restarted.renew("w", short.lease, &running).await.unwrap(),
+        0
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let (none, stats) = restarted.claim(&short).await.unwrap();
+    assert_eq!((none.len(), stats.charged, stats.lanes_taken), (0, 1, 1));
+    let next = ClaimRequest {
+        held: stats.held,
+        ..short
+    };
+    let again = claim(restarted, &next).await;
+    assert_eq!(
+        (events_of(&again), again[0].attempts),
+        (vec!["e1".to_owned()], 1)
+    );
+}
+
+/// Pauses and circuit breakers are shared by every worker of a store: each change applies
+/// atomically over the latest state (concurrent failures from two store instances are all
+/// counted, one probe is taken), and what one writes the other reads.
+pub(crate) async fn handler_controls_change_atomically_and_every_instance_reads_them<S: Store>(
+    s: &S,
+    other: &S,
+) {
+    use relaybus::store::controls::HandlerControl;
+    installed(s).await;
+    assert_eq!(other.controls().await.unwrap(), []);
+    // To the millisecond, as both engines keep it.
+    let now =
+        chrono::DateTime::from_timestamp_millis(chrono::Utc::now().timestamp_millis()).unwrap();
+    let paused = s
+        .change_controls("h", &|c| c.pause("ana", Some("deploy"), now))
+        .await
+        .unwrap()
+        .unwrap();
+    let expected = HandlerControl {
+        paused_at: Some(now),
+        paused_by: Some("ana".into()),
+        pause_reason: Some("deploy".into()),
+        ..HandlerControl::new("h")
+    };
+    assert_eq!(paused, expected);
+    let again = other
+        .change_controls("h", &|c| c.pause("ana", Some("deploy"), now))
+        .await;
+    assert_eq!(again.unwrap(), None);
+    assert_eq!(
+        other.controls().await.unwrap(),
+        std::slice::from_ref(&expected)
+    );
+    let fail = |c: &mut HandlerControl| {
+        c.failed(10, false, now);
+        true
+    };
+    let failures = (0..20).map(|i| {
+        let store = if i % 2 == 0 { s } else { other };
+        store.change_controls("h", &fail)
+    });
+    futures_util::future::join_all(failures)
+        .await
+        .into_iter()
+        .for_each(|r| assert!(r.unwrap().is_some()));
+    let open = HandlerControl {
+        failures: 20,
+        opened: 1,
+        open_until: Some(now + chrono::Duration::seconds(30)),
+        ..expected.clone()
+    };
+    assert_eq!(s.controls().await.unwrap(), [open]);
+    let later = now + chrono::Duration::seconds(30);
+    let probe = |c: &mut HandlerControl| c.take_probe(later);
+    let probes = futures_util::future::join_all(
+        [s, other, s, other].map(|store| store.change_controls("h", &probe)),
+    )
+    .await;
+    let taken = probes.into_iter().filter(|p| p.as_ref().unwrap().is_some());
+    assert_eq!(taken.count(), 1);
+    assert_eq!(
+        other
+            .change_controls("h", &|c| c.succeeded())
+            .await
+            .unwrap(),
+        Some(expected.clone())
+    );
+    assert_eq!(
+        s.change_controls("h", &|c| c.resume()).await.unwrap(),
+        Some(HandlerControl::new("h"))
+    );
+    assert_eq!(s.change_controls("h", &|c| c.resume()).await.unwrap(), None);
+    assert_eq!(other.controls().await.unwrap(), [HandlerControl::new("h")]);
+}
+
 /// A delivery whose handler could not be started is postponed: due again later, its attempts
 /// unchanged, the reason kept as its last error.
 pub(crate) async fn a_postponed_delivery_is_due_later_without_an_attempt<S: Store>(s: &S) {

@@ -38,18 +38,21 @@ WITH ours AS (
   -- (the probe follows the due index's order), or when its lease expired with deliveries in
   -- flight: a dead worker's lane is taken over, and its deliveries charged, whatever is due.
   -- Each test is a scalar subquery, so that the probe stops at the limit: as a join, the
-  -- planner sorts and reads every lane.
+  -- planner sorts and reads every lane. The lane is read once and says which test follows
+  -- (NULL: another's live lease; true: abandoned; false: free), and CASE keeps that order:
+  -- the due probe runs only for free lanes.
   SELECT c.lane FROM (SELECT ($11 + $10 * ((g + $8) % (256 / $10)))::int2 AS lane
                         FROM generate_series(0, 256 / $10 - 1) g) c
    WHERE c.lane NOT IN (SELECT lane FROM ours)
-     AND (SELECT true FROM "{{schema}}"."{{prefix}}lanes" l
-           WHERE l.lane = c.lane AND (l.lease_owner IS NULL OR l.lease_expires_at <= now()))
-     AND ((SELECT true FROM "{{schema}}"."{{prefix}}deliveries" d
-            WHERE d.lane = c.lane AND d.status = 'pending' AND d.available_at <= now()
-              AND d.handler = ANY ($3) ORDER BY d.available_at LIMIT 1)
-          OR (SELECT true FROM "{{schema}}"."{{prefix}}lanes" l
-               WHERE l.lane = c.lane AND l.lease_expires_at <= now()
-                 AND cardinality(l.in_flight) > 0))
+     AND CASE (SELECT l.lease_owner IS NOT NULL AND cardinality(l.in_flight) > 0
+                 FROM "{{schema}}"."{{prefix}}lanes" l
+                WHERE l.lane = c.lane AND (l.lease_owner IS NULL OR l.lease_expires_at <= now()))
+         WHEN true THEN true
+         WHEN false THEN (SELECT true FROM "{{schema}}"."{{prefix}}deliveries" d
+                           WHERE d.lane = c.lane AND d.status = 'pending'
+                             AND d.available_at <= now() AND d.handler = ANY ($3)
+                           ORDER BY d.available_at LIMIT 1)
+         END
    LIMIT greatest($5, (SELECT ceil(($4 - coalesce(sum(room), 0)) / $9::numeric) FROM ours))
 ), taken AS (
   -- The candidates, locked unless another claimer has them, and still free (a lane this

@@ -15,6 +15,9 @@ WITH expected (tbl, col) AS (VALUES
   ('key_sequences', 'key'), ('key_sequences', 'last_sequence'),
   ('completions', 'event_id'), ('completions', 'handler'), ('completions', 'attempts'),
   ('completions', 'completed_at'),
+  ('handlers', 'handler'), ('handlers', 'paused_at'), ('handlers', 'paused_by'),
+  ('handlers', 'pause_reason'), ('handlers', 'failures'), ('handlers', 'opened'),
+  ('handlers', 'open_until'),
   ('schema', 'singleton'), ('schema', 'version'), ('schema', 'installed_at')
 ), present AS (
   SELECT c.oid, c.relname::text AS relname, c.relkind, e.tbl

@@ -236,6 +236,22 @@ fn server_errors(message: &str) -> Vec<String> {
         .collect()
 }
 
+/// The server's code of a failed command or write.
+pub(super) fn command_code(e: &mongodb::error::Error) -> Option<i32> {
+    match &*e.kind {
+        mongodb::error::ErrorKind::Command(c) => Some(c.code),
+        mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(w)) => {
+            Some(w.code)
+        }
+        _ => None,
+    }
+}
+
+/// A write refused by a unique index (E11000).
+pub(super) fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
+    command_code(e) == Some(11000)
+}
+
 /// Whether a store error is a transient conflict of transactions: the same work may succeed
 /// once the other transaction ends.
 pub(super) fn transient(e: &StoreError) -> bool {

@@ -8,6 +8,7 @@
 mod admin;
 mod bench;
 mod conn;
+mod controls;
 mod dispatch;
 mod doctor;
 mod json;
@@ -33,6 +34,7 @@ pub(crate) const LANES: &str = "lanes";
 pub(crate) const KEY_SEQUENCES: &str = "key_sequences";
 pub(crate) const COMPLETIONS: &str = "completions";
 pub(crate) const SCHEMA: &str = "schema";
+pub(crate) const HANDLERS: &str = "handlers";
 
 /// A delivery's membership of the claim index: `parked` keyed followers wait out of it.
 const READY: &str = "ready";
@@ -41,8 +43,7 @@ const PARKED: &str = "parked";
 pub(crate) struct MongoStore {
     ns: Namespace,
     conn: std::sync::Arc<Connection>,
-    /// This store instance, recorded on the lanes it holds: a restarted process that reuses its
-    /// owner name never adopts the live lanes of its dead predecessor.
+    /// This store instance (`StoreOptions::instance`), recorded on the lanes it holds.
     holder: String,
     /// Lanes whose losses could not be charged (a dead client's transaction still writes them):
     /// when to try again, and how many tries conflicted in a row.
@@ -59,7 +60,7 @@ impl MongoStore {
     pub(crate) fn open(url: &str, ns: Namespace, options: StoreOptions) -> Result<Self> {
         Ok(Self {
             conn: std::sync::Arc::new(Connection::new(url, ns.schema(), &options)?),
-            holder: uuid::Uuid::now_v7().to_string(),
+            holder: options.instance.clone(),
             charge_later: std::sync::Mutex::default(),
             tally: std::sync::Mutex::default(),
             #[cfg(test)]

@@ -147,7 +147,7 @@ impl Dispatch for PgStore {
             .query(
                 &self.sql.claim,
                 &[
-                    &req.owner,
+                    &self.lease_owner(&req.owner),
                     &ms(req.lease),
                     &req.handlers,
                     &req.batch,
@@ -251,7 +251,10 @@ impl Dispatch for PgStore {
     ) -> Result<u64> {
         let mut conn = self.pool.get().await?;
         let rows = conn
-            .query(&self.sql.renew, &[&owner, &ms(lease), &running])
+            .query(
+                &self.sql.renew,
+                &[&self.lease_owner(owner), &ms(lease), &running],
+            )
             .await
             .map_err(db("could not renew lane leases"))?;
         Ok(rows.len() as u64)
@@ -259,6 +262,7 @@ impl Dispatch for PgStore {
 
     async fn release(&self, owner: &str, aborted: &[LeaseToken]) -> Result<u64> {
         let (ids, lanes, epochs, claims) = token_arrays(aborted);
+        let owner = self.lease_owner(owner);
         let mut conn = self.pool.get().await?;
         conn.execute(&self.sql.release, &[&owner, &ids, &lanes, &epochs, &claims])
             .await

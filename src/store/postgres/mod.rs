@@ -7,6 +7,7 @@ mod admin;
 mod bench;
 mod conn;
 mod conninfo;
+mod controls;
 mod dispatch;
 mod doctor;
 mod publish;
@@ -38,7 +39,13 @@ pub(crate) struct PgStore {
     /// Set when a batch held an event published before, cleared by a batch that held none:
     /// while set, batches skip `publish_new.sql`, whose failure on a republish the server logs.
     republishing: AtomicBool,
+    /// This store instance (`StoreOptions::instance`), recorded after the owner name on the
+    /// lanes it holds.
+    holder: String,
 }
+
+/// Between the owner name and the store instance in a lane's `lease_owner`.
+const HOLDER: &str = " #";
 
 impl PgStore {
     /// The store at `url` (None: the libpq variables). Connections open on first use.
@@ -54,11 +61,25 @@ impl PgStore {
             ),
             lock_timeout: options.lock_timeout,
             republishing: AtomicBool::new(false),
+            holder: options.instance.clone(),
             sql,
             ns,
             pool,
         })
     }
+
+    /// What the lanes this instance holds record as their owner.
+    fn lease_owner(&self, owner: &str) -> String {
+        format!("{owner}{HOLDER}{}", self.holder)
+    }
+}
+
+/// The owner name of a lane's `lease_owner`, without the store instance.
+fn owner_name(lease_owner: Option<String>) -> Option<String> {
+    lease_owner.map(|o| match o.rsplit_once(HOLDER) {
+        Some((name, _)) => name.to_owned(),
+        None => o,
+    })
 }
 
 impl Store for PgStore {

@@ -88,6 +88,7 @@ fn param_type(name: &str) -> Option<Type> {
         "text[]" => Type::TEXT_ARRAY,
         "jsonb[]" => Type::JSONB_ARRAY,
         "tid[]" => Type::TID_ARRAY,
+        "timestamptz" => Type::TIMESTAMPTZ,
         _ => return None,
     })
 }
@@ -154,6 +155,9 @@ statements! {
     purge_events_lock => "admin/purge_events_lock",
     purge_events_delete => "admin/purge_events_delete",
     lanes => "admin/lanes",
+    controls => "controls/list",
+    lock_controls => "controls/lock",
+    write_controls => "controls/write",
     stats => "admin/stats",
     bench_preload_events => "bench/preload_events",
     bench_preload_deliveries => "bench/preload_deliveries",

@@ -112,7 +112,8 @@ impl MongoStore {
         };
         Ok(match version.as_deref() {
             Some(SCHEMA_VERSION)
-                if self.all_drift(&existing).await? != (vec![], vec![])
+                if existing.len() != COLLECTIONS.len()
+                    || self.all_drift(&existing).await? != (vec![], vec![])
                     || self.lane_count().await? != 256 =>
             {
                 SchemaStatus::Incomplete

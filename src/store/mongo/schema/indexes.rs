@@ -3,7 +3,9 @@
 use mongodb::bson::{doc, Bson, Document};
 use mongodb::IndexModel;
 
-use crate::store::mongo::{COMPLETIONS, DELIVERIES, EVENTS, KEY_SEQUENCES, LANES, READY, SCHEMA};
+use crate::store::mongo::{
+    COMPLETIONS, DELIVERIES, EVENTS, HANDLERS, KEY_SEQUENCES, LANES, READY, SCHEMA,
+};
 
 /// An index of 0.2, with why it exists.
 pub(in crate::store::mongo) struct IndexSpec {
@@ -83,13 +85,14 @@ pub(in crate::store::mongo) fn retired() -> Vec<Document> {
 }
 
 /// Every collection of a store, in the order they are created.
-pub(in crate::store::mongo) const COLLECTIONS: [&str; 6] = [
+pub(in crate::store::mongo) const COLLECTIONS: [&str; 7] = [
     SCHEMA,
     EVENTS,
     DELIVERIES,
     LANES,
     KEY_SEQUENCES,
     COMPLETIONS,
+    HANDLERS,
 ];
 
 /// Index key patterns compare field by field, in order, with numbers of any type.

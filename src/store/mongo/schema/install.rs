@@ -4,7 +4,7 @@ use mongodb::bson::{doc, Bson, Document};
 
 use super::detect::*;
 use super::indexes::*;
-use super::lock::*;
+use crate::store::mongo::conn::command_code;
 use crate::store::mongo::{MongoStore, COMPLETIONS, DELIVERIES, EVENTS, LANES, SCHEMA};
 use crate::store::{Result, SCHEMA_VERSION};
 

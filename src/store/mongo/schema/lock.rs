@@ -5,6 +5,7 @@ use std::time::Duration;
 use mongodb::bson::{doc, DateTime, Document};
 use mongodb::Collection;
 
+use crate::store::mongo::conn::is_duplicate_key;
 use crate::store::mongo::model::after;
 use crate::store::mongo::{MongoStore, SCHEMA};
 use crate::store::Result;
@@ -29,20 +30,6 @@ impl SetupLock {
             .delete_one(doc! { "_id": LOCK_ID, "holder": &self.me })
             .await;
     }
-}
-
-pub(in crate::store::mongo) fn command_code(e: &mongodb::error::Error) -> Option<i32> {
-    match &*e.kind {
-        mongodb::error::ErrorKind::Command(c) => Some(c.code),
-        mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(w)) => {
-            Some(w.code)
-        }
-        _ => None,
-    }
-}
-
-pub(in crate::store::mongo) fn is_duplicate_key(e: &mongodb::error::Error) -> bool {
-    command_code(e) == Some(11000)
 }
 
 impl MongoStore {

@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 
 use super::super::conn::db;
-use super::super::PgStore;
+use super::super::{owner_name, PgStore};
 use super::delivery_row;
 use crate::store::lane::lane_of;
 use crate::store::{
@@ -75,7 +75,7 @@ impl Inspect for PgStore {
             };
             DeliveryDetail {
                 lease_token: (delivery.status == "processing").then(|| token.to_string()),
-                lane_owner: r.get(15),
+                lane_owner: owner_name(r.get(15)),
                 lease_expires_at: r.get::<_, Option<DateTime<Utc>>>(17),
                 claims,
                 lane_epoch,
@@ -123,7 +123,7 @@ impl Inspect for PgStore {
             .iter()
             .map(|r| LaneRow {
                 lane: r.get(0),
-                owner: r.get(1),
+                owner: owner_name(r.get(1)),
                 epoch: r.get(2),
                 lease_expires_at: r.get(3),
                 expired: r.get(4),

@@ -41,8 +41,8 @@ impl PgStore {
             .query_typed_one(&self.sql.detect.text, &[])
             .await
             .map_err(db("could not read the installed schema"))?;
-        let (has_deliveries, is_01, has_version): (bool, bool, bool) =
-            (row.get(0), row.get(1), row.get(2));
+        let (has_deliveries, is_01, has_version, has_handlers): (bool, bool, bool, bool) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
         if is_01 {
             return Ok(SchemaStatus::V01);
         }
@@ -56,7 +56,9 @@ impl PgStore {
             None
         };
         Ok(match version.as_deref() {
-            Some(SCHEMA_VERSION) if self.index_drift(client).await? != (vec![], vec![]) => {
+            Some(SCHEMA_VERSION)
+                if !has_handlers || self.index_drift(client).await? != (vec![], vec![]) =>
+            {
                 SchemaStatus::Incomplete
             }
             Some(SCHEMA_VERSION) => SchemaStatus::Current,

@@ -1,0 +1,7 @@
+-- One handler's controls, locked until the change commits; a handler without a row gets one.
+-- The no-op update is what takes the lock on a row that another transaction just inserted.
+-- $1 handler.
+-- params: text
+INSERT INTO "{{schema}}"."{{prefix}}handlers" AS h (handler) VALUES ($1)
+ON CONFLICT (handler) DO UPDATE SET handler = h.handler
+RETURNING handler, paused_at, paused_by, pause_reason, failures, opened, open_until

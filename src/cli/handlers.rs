@@ -1,0 +1,230 @@
+//! `relaybus handlers`: pausing and resuming a handler in every worker of the store, and each
+//! handler's state with its circuit breaker.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use chrono::Utc;
+use clap::{Args, Subcommand};
+use serde::Serialize;
+use serde_json::json;
+
+use super::output::{age, time, when};
+use super::{usage, GlobalArgs, Output};
+use crate::store::controls::{Breaker, HandlerControl};
+use crate::store::prelude::*;
+use crate::store::{HandlerStats, StoreOptions};
+
+/// Pause and resume handlers in every worker of the store, and see their state.
+///
+///   relaybus handlers pause billing --reason 'INC-4312: ledger is read-only'
+///   relaybus handlers list
+///   relaybus handlers resume billing
+///
+/// A paused handler's deliveries stay pending: running workers stop claiming
+/// them within a second (deliveries already running finish), and claim them
+/// again within a second of the resume. No attempt is charged and nothing is
+/// lost. `list` also shows each webhook's circuit breaker (`run
+/// --breaker-threshold`).
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct HandlersArgs {
+    #[command(subcommand)]
+    pub command: HandlersCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HandlersCommand {
+    /// Every handler with deliveries or controls: paused since, by whom and why, due, dead,
+    /// lag, and its circuit breaker.
+    List,
+    /// Stop every worker of the store from claiming a handler's deliveries.
+    Pause {
+        /// The handler, as workers name it (`run --handler NAME`, or a `[handlers.NAME]` table).
+        name: String,
+        /// Why, for whoever looks next (`handlers list`, the workers' logs).
+        #[arg(long, value_name = "TEXT")]
+        reason: Option<String>,
+        /// Who pauses it [default: $USER@host].
+        #[arg(long, value_name = "NAME")]
+        by: Option<String>,
+    },
+    /// Let workers claim a paused handler's deliveries again.
+    Resume {
+        /// The handler.
+        name: String,
+    },
+}
+
+pub(super) async fn run(g: &GlobalArgs, out: &Output, args: HandlersArgs) -> Result<ExitCode> {
+    let store = g.open(StoreOptions::admin())?;
+    store.require_current().await?;
+    match args.command {
+        HandlersCommand::List => list(&store, out).await,
+        HandlersCommand::Pause { name, reason, by } => {
+            let by = by.unwrap_or_else(operator);
+            let (reason, now) = (reason.as_deref(), Utc::now());
+            let changed = store
+                .change_controls(checked(&name)?, &|c| c.pause(&by, reason, now))
+                .await?;
+            let said = match &changed {
+                Some(_) => format!(
+                    "paused handler `{name}`: workers stop claiming its deliveries within a \
+                     second; those running finish"
+                ),
+                None => format!("handler `{name}` was paused already, by {by}, for that reason"),
+            };
+            report(out, &name, changed, &said)
+        }
+        HandlersCommand::Resume { name } => {
+            let changed = store
+                .change_controls(checked(&name)?, &|c| c.resume())
+                .await?;
+            let said = match &changed {
+                Some(_) => format!(
+                    "resumed handler `{name}`: workers claim its deliveries again within a second"
+                ),
+                None => format!("handler `{name}` is not paused; nothing changed"),
+            };
+            report(out, &name, changed, &said)
+        }
+    }
+}
+
+fn checked(name: &str) -> Result<&str> {
+    if name.trim().is_empty() {
+        usage!("a handler name must not be empty");
+    }
+    Ok(name)
+}
+
+/// Who runs the command, for a pause's record.
+fn operator() -> String {
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    if host.is_empty() {
+        user
+    } else {
+        format!("{user}@{host}")
+    }
+}
+
+fn report(
+    out: &Output,
+    name: &str,
+    changed: Option<HandlerControl>,
+    said: &str,
+) -> Result<ExitCode> {
+    if out.json {
+        out.print_json(
+            &json!({"handler": name, "changed": changed.is_some(), "controls": changed}),
+        )?;
+    } else {
+        out.line(said)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One row of `handlers list`.
+#[derive(Serialize)]
+struct HandlerState {
+    handler: String,
+    paused: bool,
+    paused_at: Option<chrono::DateTime<Utc>>,
+    paused_by: Option<String>,
+    pause_reason: Option<String>,
+    due: i64,
+    dead: i64,
+    lag_seconds: Option<f64>,
+    breaker: Breaker,
+    /// Requests that failed in a row.
+    failures: i32,
+    open_until: Option<chrono::DateTime<Utc>>,
+}
+
+/// Every handler's statistics beside its controls, by name.
+pub(super) async fn states<S: Store>(store: &S) -> Result<Vec<(HandlerStats, HandlerControl)>> {
+    let mut by_name: BTreeMap<String, (HandlerStats, HandlerControl)> = BTreeMap::new();
+    for s in store.stats().await? {
+        let c = HandlerControl::new(&s.handler);
+        by_name.insert(s.handler.clone(), (s, c));
+    }
+    for c in store.controls().await? {
+        let entry = by_name.entry(c.handler.clone()).or_insert_with(|| {
+            (
+                HandlerStats::empty(&c.handler),
+                HandlerControl::new(&c.handler),
+            )
+        });
+        entry.1 = c;
+    }
+    Ok(by_name.into_values().collect())
+}
+
+async fn list<S: Store>(store: &S, out: &Output) -> Result<ExitCode> {
+    let now = Utc::now();
+    let states: Vec<HandlerState> = states(store)
+        .await?
+        .into_iter()
+        .map(|(s, c)| HandlerState {
+            paused: c.paused(),
+            breaker: c.breaker(now),
+            handler: s.handler,
+            paused_at: c.paused_at,
+            paused_by: c.paused_by,
+            pause_reason: c.pause_reason,
+            due: s.due,
+            dead: s.dead,
+            lag_seconds: s.lag_seconds,
+            failures: c.failures,
+            open_until: c.open_until,
+        })
+        .collect();
+    if out.json {
+        out.print_json(&states)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if states.is_empty() {
+        out.line("no handler has deliveries or controls")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rows: Vec<Vec<String>> = states
+        .iter()
+        .map(|h| {
+            vec![
+                h.handler.clone(),
+                if h.paused { "paused" } else { "running" }.into(),
+                if out.terminal() {
+                    when(h.paused_at)
+                } else {
+                    time(h.paused_at)
+                },
+                h.paused_by.clone().unwrap_or_else(|| "-".into()),
+                h.due.to_string(),
+                h.dead.to_string(),
+                h.lag_seconds.map(age).unwrap_or_else(|| "-".into()),
+                breaker(h),
+                h.pause_reason.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    out.table_wrapping(
+        &[
+            "HANDLER", "STATE", "PAUSED", "BY", "DUE", "DEAD", "LAG", "BREAKER", "REASON",
+        ],
+        &rows,
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A breaker for a table: `closed`, `closed (3 failures)`, `open until 14:02:11`, `probe due`.
+fn breaker(h: &HandlerState) -> String {
+    match (h.breaker, h.open_until) {
+        (Breaker::Closed, _) if h.failures > 0 => format!("closed ({} failures)", h.failures),
+        (Breaker::Open, Some(until)) => format!("open until {}", until.format("%H:%M:%S")),
+        (b, _) => b.name().into(),
+    }
+}

@@ -1,0 +1,255 @@
+//! The handlers' controls as this worker acts on them: which handlers its claims ask for (not
+//! paused, breaker not open), whether a claimed delivery may be sent now, and what each attempt
+//! tells the circuit breaker. The view is read from the store about once a second, so every
+//! worker of the store follows one pause and one breaker; this worker's own changes enter it at
+//! once.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::sync::Notify;
+
+use super::{Context, Reporter};
+use crate::handler::Outcome;
+use crate::store::controls::{Breaker, HandlerControl};
+use crate::store::{ClaimRequest, Store};
+
+/// How often the view is read at most; a shorter poll interval reads it that often.
+const REFRESH: Duration = Duration::from_secs(1);
+/// How long a delivery waits when another worker holds the breaker's probe.
+const PROBE_WAIT: Duration = Duration::from_secs(1);
+
+/// Whether a claimed delivery may be sent.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Admit {
+    Send,
+    /// Sent as the breaker's probe: its outcome opens or closes the breaker.
+    Probe,
+    /// The breaker is open: postponed this long, without an attempt.
+    Hold(Duration),
+}
+
+pub(super) struct Controls {
+    /// The handlers this worker serves.
+    handlers: HashSet<String>,
+    /// The controls of those that have any.
+    view: Mutex<HashMap<String, HandlerControl>>,
+    /// Failures in a row that open a breaker.
+    threshold: i32,
+}
+
+impl Controls {
+    pub(super) fn new(handlers: &[String], threshold: i32) -> Self {
+        Self {
+            handlers: handlers.iter().cloned().collect(),
+            view: Mutex::default(),
+            threshold,
+        }
+    }
+
+    fn view(&self) -> std::sync::MutexGuard<'_, HashMap<String, HandlerControl>> {
+        self.view.lock().expect("controls lock")
+    }
+
+    /// Leaves out of a claim the handlers it may not ask for now.
+    pub(super) fn narrow(&self, request: &mut ClaimRequest) {
+        let view = self.view();
+        if view.is_empty() {
+            return;
+        }
+        let now = Utc::now();
+        let keep = |h: &String| view.get(h).is_none_or(|c| c.claimable(now));
+        let (handlers, max_attempts) = request
+            .handlers
+            .iter()
+            .zip(&request.max_attempts)
+            .filter(|(h, _)| keep(h))
+            .map(|(h, m)| (h.clone(), *m))
+            .unzip();
+        (request.handlers, request.max_attempts) = (handlers, max_attempts);
+    }
+
+    /// Whether a claimed delivery of `handler` may be sent now; when the breaker's cool-down
+    /// ended, one delivery of one worker is its probe and the others wait.
+    pub(super) async fn admit<S: Store>(&self, store: &S, handler: &str) -> Admit {
+        let now = Utc::now();
+        let (breaker, until) = match self.view().get(handler) {
+            None => return Admit::Send,
+            Some(c) => (c.breaker(now), c.open_until),
+        };
+        match breaker {
+            Breaker::Closed => Admit::Send,
+            Breaker::Open => {
+                let wait = until.map_or(PROBE_WAIT, |u| (u - now).to_std().unwrap_or_default());
+                Admit::Hold(wait.max(PROBE_WAIT))
+            }
+            Breaker::ProbeDue => {
+                match store
+                    .change_controls(handler, &|c| c.take_probe(Utc::now()))
+                    .await
+                {
+                    Ok(Some(c)) => {
+                        self.view().insert(handler.to_owned(), c);
+                        tracing::info!(handler, "circuit breaker: sending a probe");
+                        Admit::Probe
+                    }
+                    Ok(None) => Admit::Hold(PROBE_WAIT),
+                    Err(e) => {
+                        tracing::warn!(handler, error = %format!("{e:#}"), "could not take the circuit breaker's probe");
+                        Admit::Hold(PROBE_WAIT)
+                    }
+                }
+            }
+        }
+    }
+
+    /// What an attempt tells the breaker: an endpoint that did not answer (or answered 5xx)
+    /// counts a failure, any other answer closes it. A handler whose endpoint never failed
+    /// writes nothing here.
+    pub(super) async fn attempted<S: Store>(
+        &self,
+        store: &S,
+        reporter: &Reporter,
+        handler: &str,
+        outcome: &Outcome,
+        probe: bool,
+    ) {
+        if matches!(outcome, Outcome::NotStarted { .. }) {
+            return;
+        }
+        let failed = matches!(outcome, Outcome::Unavailable { .. });
+        let troubled = self
+            .view()
+            .get(handler)
+            .is_some_and(|c| c.failures > 0 || c.open_until.is_some());
+        if !(failed || probe || troubled) {
+            return;
+        }
+        let opened = AtomicBool::new(false);
+        let closed = AtomicBool::new(false);
+        let threshold = self.threshold;
+        let change = |c: &mut HandlerControl| {
+            if failed {
+                opened.store(c.failed(threshold, probe, Utc::now()), Ordering::Relaxed);
+                true
+            } else {
+                closed.store(c.open_until.is_some(), Ordering::Relaxed);
+                c.succeeded()
+            }
+        };
+        match store.change_controls(handler, &change).await {
+            Ok(Some(c)) => {
+                if opened.load(Ordering::Relaxed) {
+                    let cooldown = crate::store::controls::cooldown(c.opened);
+                    tracing::warn!(
+                        handler,
+                        failures = c.failures,
+                        cooldown = %humantime::format_duration(cooldown.to_std().unwrap_or_default()),
+                        "circuit breaker opened: nothing is sent to the endpoint until the cool-down ends; its deliveries wait without an attempt"
+                    );
+                    reporter.metrics.breaker_changed(handler, "open");
+                } else if closed.load(Ordering::Relaxed) {
+                    tracing::info!(handler, "circuit breaker closed: the endpoint answered");
+                    reporter.metrics.breaker_changed(handler, "closed");
+                }
+                reporter
+                    .metrics
+                    .controls(handler, c.paused(), c.open_until.is_some());
+                self.view().insert(handler.to_owned(), c);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(handler, error = %format!("{e:#}"), "could not record the attempt with the circuit breaker")
+            }
+        }
+    }
+
+    /// Takes the controls read from the store, logging what changed for the handlers served.
+    /// True when a handler became claimable.
+    fn update(&self, read: Vec<HandlerControl>, r: &Reporter) -> bool {
+        let now = Utc::now();
+        let read: HashMap<String, HandlerControl> = read
+            .into_iter()
+            .filter(|c| self.handlers.contains(&c.handler))
+            .map(|c| (c.handler.clone(), c))
+            .collect();
+        let mut view = self.view();
+        let mut freed = false;
+        for handler in &self.handlers {
+            let default = HandlerControl::new(handler);
+            let before = view.get(handler).unwrap_or(&default);
+            let after = read.get(handler).unwrap_or(&default);
+            log_changes(handler, before, after, r);
+            freed |= !before.claimable(now) && after.claimable(now);
+            r.metrics
+                .controls(handler, after.paused(), after.open_until.is_some());
+        }
+        *view = read;
+        freed
+    }
+}
+
+fn log_changes(handler: &str, before: &HandlerControl, after: &HandlerControl, r: &Reporter) {
+    match (before.paused(), after.paused()) {
+        (false, true) => tracing::info!(
+            handler,
+            by = after.paused_by.as_deref().unwrap_or("-"),
+            reason = after.pause_reason.as_deref().unwrap_or("-"),
+            "handler paused: its deliveries are not claimed until it is resumed"
+        ),
+        (true, false) => tracing::info!(handler, "handler resumed"),
+        _ => {}
+    }
+    match (before.open_until.is_some(), after.open_until.is_some()) {
+        (false, true) => {
+            tracing::warn!(handler, "circuit breaker opened by another worker");
+            r.metrics.breaker_changed(handler, "open");
+        }
+        (true, false) => {
+            tracing::info!(handler, "circuit breaker closed by another worker");
+            r.metrics.breaker_changed(handler, "closed");
+        }
+        _ => {}
+    }
+}
+
+/// Reads the controls from the store now and then, and wakes the claim streams when a handler
+/// may be claimed again.
+pub(super) async fn refresh<S: Store>(
+    ctx: Arc<Context<S>>,
+    poll_interval: Duration,
+    wakes: Vec<Arc<Notify>>,
+) {
+    let mut failing = false;
+    loop {
+        tokio::time::sleep(poll_interval.min(REFRESH)).await;
+        match ctx.store.controls().await {
+            Ok(read) => {
+                failing = false;
+                if ctx.controls.update(read, &ctx.reporter) {
+                    wakes.iter().for_each(|w| w.notify_one());
+                }
+            }
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(error = %format!("{e:#}"), "could not read the handlers' controls; acting on the last read");
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// The first read, before anything is claimed: a paused handler is not claimed at start.
+pub(super) async fn load<S: Store>(ctx: &Context<S>) {
+    match ctx.store.controls().await {
+        Ok(read) => {
+            ctx.controls.update(read, &ctx.reporter);
+        }
+        Err(e) => {
+            tracing::warn!(error = %format!("{e:#}"), "could not read the handlers' controls")
+        }
+    }
+}

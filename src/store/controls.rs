@@ -1,0 +1,184 @@
+//! What operators and workers decide about a handler, kept in the store so that every worker of
+//! it acts on the same: a pause, and the circuit breaker of a webhook endpoint. The rules are
+//! written once, here, as changes of a `HandlerControl`; each engine only reads the rows and
+//! applies a change atomically.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+/// The first cool-down of an opened breaker; each one after a failed probe doubles it.
+pub const BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
+/// The longest cool-down.
+pub const BREAKER_MAX_COOLDOWN: Duration = Duration::from_secs(600);
+
+/// One handler's controls. A handler without a row has the default: running, breaker closed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct HandlerControl {
+    pub handler: String,
+    pub paused_at: Option<DateTime<Utc>>,
+    pub paused_by: Option<String>,
+    pub pause_reason: Option<String>,
+    /// Requests to the handler's endpoint that failed in a row.
+    pub failures: i32,
+    /// Times the breaker opened since the endpoint last answered; each cool-down doubles.
+    pub opened: i32,
+    /// The breaker is open until then; once past, the next request is its probe.
+    pub open_until: Option<DateTime<Utc>>,
+}
+
+/// Where a handler's breaker stands at some moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Breaker {
+    Closed,
+    /// Nothing is sent to the endpoint until the cool-down ends.
+    Open,
+    /// The cool-down ended: the next request is the probe.
+    ProbeDue,
+}
+
+impl Breaker {
+    pub fn name(self) -> &'static str {
+        match self {
+            Breaker::Closed => "closed",
+            Breaker::Open => "open",
+            Breaker::ProbeDue => "probe due",
+        }
+    }
+}
+
+impl HandlerControl {
+    pub fn new(handler: &str) -> Self {
+        Self {
+            handler: handler.to_owned(),
+            ..Self::default()
+        }
+    }
+
+    pub fn paused(&self) -> bool {
+        self.paused_at.is_some()
+    }
+
+    pub fn breaker(&self, now: DateTime<Utc>) -> Breaker {
+        match self.open_until {
+            None => Breaker::Closed,
+            Some(until) if until > now => Breaker::Open,
+            Some(_) => Breaker::ProbeDue,
+        }
+    }
+
+    /// Whether a worker may claim the handler's deliveries: not paused, and its breaker not
+    /// open (a due probe needs a delivery to send).
+    pub fn claimable(&self, now: DateTime<Utc>) -> bool {
+        !self.paused() && self.breaker(now) != Breaker::Open
+    }
+
+    /// Pauses the handler; a second pause keeps the first one's time and takes the new words.
+    /// False when nothing changed.
+    pub fn pause(&mut self, by: &str, reason: Option<&str>, now: DateTime<Utc>) -> bool {
+        let before = self.clone();
+        self.paused_at.get_or_insert(now);
+        self.paused_by = Some(by.to_owned());
+        self.pause_reason = reason.map(str::to_owned);
+        *self != before
+    }
+
+    /// False when the handler was not paused.
+    pub fn resume(&mut self) -> bool {
+        let paused = self.paused();
+        (self.paused_at, self.paused_by, self.pause_reason) = (None, None, None);
+        paused
+    }
+
+    /// Counts a failed request; the breaker opens at `threshold` failures in a row, and opens
+    /// again, for twice as long, when its probe fails. True when this failure opened it.
+    pub fn failed(&mut self, threshold: i32, probe: bool, now: DateTime<Utc>) -> bool {
+        self.failures = self.failures.saturating_add(1);
+        let opens = probe || (self.open_until.is_none() && self.failures >= threshold);
+        if opens {
+            self.opened = self.opened.saturating_add(1);
+            self.open_until = Some(now + cooldown(self.opened));
+        }
+        opens
+    }
+
+    /// A request that succeeded closes the breaker. False when it was closed with no failures.
+    pub fn succeeded(&mut self) -> bool {
+        let before = (self.failures, self.opened, self.open_until);
+        (self.failures, self.opened, self.open_until) = (0, 0, None);
+        before != (0, 0, None)
+    }
+
+    /// Takes the probe of a breaker whose cool-down ended: the others wait another cool-down
+    /// for its answer (and probe again after it, should the prober die). False for all but one.
+    pub fn take_probe(&mut self, now: DateTime<Utc>) -> bool {
+        if self.breaker(now) != Breaker::ProbeDue {
+            return false;
+        }
+        self.open_until = Some(now + cooldown(self.opened));
+        true
+    }
+}
+
+/// The cool-down after the breaker's `opened`th opening in a row.
+pub fn cooldown(opened: i32) -> chrono::Duration {
+    let doublings = opened.clamp(1, 16) as u32 - 1;
+    let wait = BREAKER_COOLDOWN
+        .saturating_mul(1 << doublings)
+        .min(BREAKER_MAX_COOLDOWN);
+    chrono::Duration::from_std(wait).expect("ten minutes fit")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_breaker_opens_at_the_threshold_and_each_failed_probe_doubles_the_cool_down() {
+        let now = Utc::now();
+        let mut c = HandlerControl::new("h");
+        for _ in 0..9 {
+            assert!(!c.failed(10, false, now));
+        }
+        assert_eq!(c.breaker(now), Breaker::Closed);
+        assert!(c.failed(10, false, now));
+        assert_eq!(c.open_until, Some(now + chrono::Duration::seconds(30)));
+        // A request sent before the breaker opened fails later: counted, the cool-down kept.
+        assert!(!c.failed(10, false, now));
+        assert_eq!((c.failures, c.opened), (11, 1));
+        let later = now + chrono::Duration::seconds(30);
+        assert_eq!(c.breaker(later), Breaker::ProbeDue);
+        assert!(c.take_probe(later));
+        assert!(!c.take_probe(later), "one probe at a time");
+        assert!(c.failed(10, true, later));
+        assert_eq!(c.open_until, Some(later + chrono::Duration::seconds(60)));
+        let waits: Vec<i64> = (1..=7).map(|n| cooldown(n).num_seconds()).collect();
+        assert_eq!(waits, [30, 60, 120, 240, 480, 600, 600]);
+        assert!(c.succeeded());
+        assert_eq!((c.failures, c.opened, c.open_until), (0, 0, None));
+        assert!(!c.succeeded());
+    }
+
+    #[test]
+    fn a_second_pause_keeps_the_first_time_and_takes_the_new_reason() {
+        let (first, second) = (Utc::now(), Utc::now() + chrono::Duration::seconds(5));
+        let mut c = HandlerControl::new("h");
+        assert!(c.pause("ana", Some("deploy"), first));
+        assert!(!c.claimable(first));
+        assert!(!c.pause("ana", Some("deploy"), second));
+        assert!(c.pause("bo", None, second));
+        assert_eq!(
+            (
+                c.paused_at,
+                c.paused_by.as_deref(),
+                c.pause_reason.as_deref()
+            ),
+            (Some(first), Some("bo"), None)
+        );
+        assert!(c.resume());
+        assert!(!c.resume());
+        assert!(c.claimable(second));
+    }
+}

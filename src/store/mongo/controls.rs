@@ -1,0 +1,94 @@
+//! Pauses and circuit breakers: one document per handler, `_id` its name, each change written
+//! over the version it read (compare and swap), so that concurrent changes never lose one.
+
+use mongodb::bson::{doc, Bson, DateTime, Document};
+
+use super::conn::is_duplicate_key;
+use super::model::{all, chrono};
+use super::{MongoStore, HANDLERS};
+use crate::store::controls::HandlerControl;
+use crate::store::{Controls, Result};
+
+fn control(d: &Document) -> HandlerControl {
+    let text = |f: &str| d.get_str(f).ok().map(str::to_owned);
+    let time = |f: &str| d.get_datetime(f).ok().map(|t| chrono(*t));
+    HandlerControl {
+        handler: text("_id").unwrap_or_default(),
+        paused_at: time("pausedAt"),
+        paused_by: text("pausedBy"),
+        pause_reason: text("pauseReason"),
+        failures: d.get_i32("failures").unwrap_or(0),
+        opened: d.get_i32("opened").unwrap_or(0),
+        open_until: time("openUntil"),
+    }
+}
+
+fn document(c: &HandlerControl) -> Document {
+    let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
+        t.map_or(Bson::Null, |t| {
+            Bson::DateTime(DateTime::from_millis(t.timestamp_millis()))
+        })
+    };
+    doc! {
+        "_id": &c.handler, "pausedAt": time(c.paused_at), "pausedBy": &c.paused_by,
+        "pauseReason": &c.pause_reason, "failures": c.failures, "opened": c.opened,
+        "openUntil": time(c.open_until),
+    }
+}
+
+impl Controls for MongoStore {
+    async fn controls(&self) -> Result<Vec<HandlerControl>> {
+        let failed = self.conn.error("could not read the handlers' controls");
+        let cursor = self
+            .coll(HANDLERS)
+            .await?
+            .find(doc! {})
+            .sort(doc! { "_id": 1 })
+            .await
+            .map_err(&failed)?;
+        Ok(all(cursor)
+            .await
+            .map_err(&failed)?
+            .iter()
+            .map(control)
+            .collect())
+    }
+
+    async fn change_controls(
+        &self,
+        handler: &str,
+        change: &(dyn Fn(&mut HandlerControl) -> bool + Sync),
+    ) -> Result<Option<HandlerControl>> {
+        let coll = self.coll(HANDLERS).await?;
+        let failed = self.conn.error(format!(
+            "could not change the controls of handler `{handler}`"
+        ));
+        loop {
+            let found = coll
+                .find_one(doc! { "_id": handler })
+                .await
+                .map_err(&failed)?;
+            let mut c = found
+                .as_ref()
+                .map_or_else(|| HandlerControl::new(handler), control);
+            if !change(&mut c) {
+                return Ok(None);
+            }
+            // Written only over the version read: a change that got there first (another
+            // document, or a duplicate key) sends this one round again.
+            let written = match found {
+                Some(found) => coll
+                    .replace_one(found, document(&c))
+                    .await
+                    .map(|r| r.matched_count == 1),
+                None => match coll.insert_one(document(&c)).await {
+                    Err(e) if is_duplicate_key(&e) => Ok(false),
+                    other => other.map(|_| true),
+                },
+            };
+            if written.map_err(&failed)? {
+                return Ok(Some(c));
+            }
+        }
+    }
+}
