@@ -466,7 +466,7 @@ fn upgrade_converts_the_0_1_fixture_and_a_second_run_changes_nothing() {
         "{text}"
     );
     assert!(text.contains(" [8 rows]\n  2. events-handlers: "), "{text}");
-    assert!(text.contains(" [6 rows]\n  3. install: drop the 0.1 indexes, found by definition whatever their names; create the 0.2 collections and indexes, seed the 256 lanes, record the version; drops relaybus_deliveries.eventId_1_handler_1, relaybus_deliveries.handler_1_createdAt_1, relaybus_deliveries.key_1_handler_1_sequence_1, relaybus_deliveries.status_1_completedAt_1, relaybus_deliveries.status_1_lane_1_dueAt_1, relaybus_deliveries.status_1_leaseExpiresAt_1, relaybus_deliveries.status_1_updatedAt_1; creates relaybus_deliveries.eventId_handler_unique, relaybus_deliveries.lane_due, relaybus_deliveries.lane_key_sequence, relaybus_deliveries.dead_updated, relaybus_events.created, relaybus_completions.completed, relaybus_schema, relaybus_lanes, relaybus_completions, relaybus_handlers\n"), "{text}");
+    assert!(text.contains(" [6 rows]\n  3. install: drop the 0.1 indexes, found by definition whatever their names; create the 0.2 collections and indexes, seed the 256 lanes, record the version; drops relaybus_deliveries.handler_1_createdAt_1, relaybus_deliveries.key_1_handler_1_sequence_1, relaybus_deliveries.status_1_completedAt_1, relaybus_deliveries.status_1_lane_1_dueAt_1, relaybus_deliveries.status_1_leaseExpiresAt_1, relaybus_deliveries.status_1_updatedAt_1; creates relaybus_deliveries.lane_due, relaybus_deliveries.lane_key_sequence, relaybus_deliveries.dead_updated, relaybus_events.created, relaybus_completions.completed, relaybus_schema, relaybus_lanes, relaybus_completions, relaybus_handlers\n"), "{text}");
     assert!(text.ends_with("locks: none on the collections: the conversion runs in batches of 1,000 documents under relaybus's setup lock; stop 0.1 workers first\ndry run: nothing was written\n"), "{text}");
     assert_eq!(snapshot(&m), before);
 
@@ -486,11 +486,13 @@ fn upgrade_converts_the_0_1_fixture_and_a_second_run_changes_nothing() {
         [
             "_id_",
             "dead_updated",
-            "eventId_handler_unique",
+            "eventId_1_handler_1",
             "lane_due",
             "lane_key_sequence"
         ]
     );
+    // 0.1's unique (eventId, handler) index is 0.2's: kept, never dropped and made again.
+    m.cmd().args(["setup", "--check"]).assert().success();
     let first = snapshot(&m);
     m.cmd()
         .args(["upgrade", "--yes"])
@@ -677,15 +679,19 @@ fn schema_sql_renders_mongosh_scripts_without_a_server() {
     let convert = render(&["--from", "0.1"]);
     assert!(convert.contains("// step deliveries-lanes: "), "{convert}");
     assert!(convert.contains("function laneOf(text) {"), "{convert}");
+    // The conversion ends with the install, less its refusal of a 0.1 store.
+    let (refusal, installing) = install
+        .split_once("\n// The collections, created before any transaction writes to them.")
+        .unwrap();
     assert!(
-        convert.ends_with(
-            install
-                .split_once("const rb = db.getSiblingDB(\"app\");\n")
-                .unwrap()
-                .1
-        ),
+        refusal.contains(" holds a relaybus 0.1 store: "),
+        "{install}"
+    );
+    assert!(
+        !convert.contains(" holds a relaybus 0.1 store: "),
         "{convert}"
     );
+    assert!(convert.ends_with(installing), "{convert}");
     let grants = render(&["--grants", "worker"]);
     assert!(
         grants.contains("rb.createRole({ role: \"worker\", privileges, roles: [] });"),
@@ -786,9 +792,49 @@ fn the_mongosh_scripts_install_and_convert_as_setup_does() {
     );
     crate::common::mongo::mongosh(&convert);
     assert_converted(&old);
+    assert_eq!(
+        index_names(&old),
+        [
+            "_id_",
+            "dead_updated",
+            "eventId_1_handler_1",
+            "lane_due",
+            "lane_key_sequence"
+        ]
+    );
+    old.cmd().args(["setup", "--check"]).assert().success();
     let first = snapshot(&old);
     crate::common::mongo::mongosh(&convert);
     assert_eq!(snapshot(&old), first);
+}
+
+/// The install script run over a 0.1 store would record 0.2 without converting, stranding its
+/// deliveries: it refuses, names the conversion script, and changes nothing.
+#[test]
+fn the_install_script_refuses_a_0_1_store() {
+    let old = TestMongo::with_fixture_0_1("mongosh_install_over_0_1");
+    let before = snapshot(&old);
+    let install = stdout(&old.cmd().arg("schema-sql").output().unwrap());
+    let (ok, text) = crate::common::mongo::try_mongosh(&install);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains(&format!(
+            "database {} holds a relaybus 0.1 store: apply the conversion that `relaybus \
+             schema-sql --from 0.1` renders instead; nothing was changed",
+            old.name
+        )),
+        "{text}"
+    );
+    assert_eq!(snapshot(&old), before);
+    let convert = stdout(
+        &old.cmd()
+            .args(["schema-sql", "--from", "0.1"])
+            .output()
+            .unwrap(),
+    );
+    crate::common::mongo::mongosh(&convert);
+    crate::common::mongo::mongosh(&install);
+    assert_converted(&old);
 }
 
 /// A standalone server has no transactions a worker can rely on and no change stream to wake

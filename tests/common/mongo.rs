@@ -129,6 +129,13 @@ impl Drop for TestMongo {
 /// Runs a script with `mongosh` against the test server (RELAYBUS_TEST_MONGOSH, default the copy
 /// `.ci/run` installs into `.mongosh/`); panics with its output when it fails.
 pub fn mongosh(script: &str) -> String {
+    let (ok, text) = try_mongosh(script);
+    assert!(ok, "mongosh failed:\n{script}\n{text}");
+    text
+}
+
+/// Runs a script with `mongosh`: whether it succeeded, and what it printed.
+pub fn try_mongosh(script: &str) -> (bool, String) {
     let bin = std::env::var("RELAYBUS_TEST_MONGOSH").unwrap_or_else(|_| {
         format!(
             "{}/.mongosh/node_modules/.bin/mongosh",
@@ -147,8 +154,7 @@ pub fn mongosh(script: &str) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "mongosh failed:\n{script}\n{text}");
-    text
+    (out.status.success(), text)
 }
 
 /// A MongoDB wire server of its own, for tests that need one the shared server is not: a

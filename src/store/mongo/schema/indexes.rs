@@ -125,7 +125,8 @@ pub(in crate::store::mongo) fn index_name(found: &IndexModel) -> String {
 }
 
 /// How a collection's indexes differ from 0.2's, by definition: names to drop (0.1 indexes,
-/// duplicates of a 0.2 index, a 0.2 name with another definition) and 0.2 indexes to create.
+/// a second copy of a 0.2 index, a 0.2 name with another definition) and 0.2 indexes to
+/// create. A 0.2 index found only under another name is kept under it.
 pub(in crate::store::mongo) fn drift(
     collection: &str,
     found: &[IndexModel],
@@ -135,15 +136,30 @@ pub(in crate::store::mongo) fn drift(
         .filter(|s| s.collection == collection)
         .collect();
     let mut dropped = vec![];
+    // 0.2 indexes held by an index of their definition under another name (0.1's unique
+    // `eventId_1_handler_1`): kept as they are, since dropping one to create it again leaves
+    // publishers without it meanwhile.
+    let mut adopted: Vec<&str> = vec![];
     for f in found {
         let name = index_name(f);
-        let spec_of_name = wanted.iter().find(|s| s.name == name);
-        let stale = match spec_of_name {
+        let stale = match wanted.iter().find(|s| s.name == name) {
             Some(spec) => !matches(spec, f),
-            None => {
-                (collection == DELIVERIES && retired().iter().any(|r| same_keys(r, &f.keys)))
-                    || wanted.iter().any(|s| matches(s, f))
+            None if collection == DELIVERIES && retired().iter().any(|r| same_keys(r, &f.keys)) => {
+                true
             }
+            None => match wanted.iter().find(|s| matches(s, f)) {
+                Some(spec)
+                    if !adopted.contains(&spec.name)
+                        && !found
+                            .iter()
+                            .any(|g| index_name(g) == spec.name && matches(spec, g)) =>
+                {
+                    adopted.push(spec.name);
+                    false
+                }
+                Some(_) => true,
+                None => false,
+            },
         };
         if stale {
             dropped.push(name);
@@ -151,6 +167,7 @@ pub(in crate::store::mongo) fn drift(
     }
     let created = wanted
         .iter()
+        .filter(|s| !adopted.contains(&s.name))
         .filter(|s| {
             dropped.contains(&s.name.to_owned()) || !found.iter().any(|f| index_name(f) == s.name)
         })
@@ -184,7 +201,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn drift_finds_0_1_indexes_duplicates_and_redefinitions_by_definition() {
+    fn drift_finds_0_1_indexes_second_copies_and_redefinitions_by_definition() {
         let model = |name: &str, keys: Document, partial: Option<Document>| {
             let options = mongodb::options::IndexOptions::builder()
                 .name(name.to_owned())
@@ -209,18 +226,19 @@ mod tests {
                 doc! { "updatedAt": 1, "_id": 1 },
                 Some(doc! { "status": "dead" }),
             ),
+            model(
+                "second_copy",
+                doc! { "updatedAt": 1, "_id": 1 },
+                Some(doc! { "status": "dead" }),
+            ),
             model("mine", doc! { "handler": 1 }, None),
         ];
         let (dropped, created) = drift(DELIVERIES, &found);
-        assert_eq!(dropped, ["old_claim", "lane_due", "copy"]);
+        // `copy` stands for dead_updated; a second copy goes.
+        assert_eq!(dropped, ["old_claim", "lane_due", "second_copy"]);
         assert_eq!(
             created,
-            [
-                "eventId_handler_unique",
-                "lane_due",
-                "lane_key_sequence",
-                "dead_updated"
-            ]
+            ["eventId_handler_unique", "lane_due", "lane_key_sequence"]
         );
     }
 }

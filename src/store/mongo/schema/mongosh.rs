@@ -35,6 +35,22 @@ pub(in crate::store::mongo) fn collection_js(ns: &Namespace, c: &str) -> String 
     )
 }
 
+/// The install script's first statement: a 0.1 store is refused, not installed over. The
+/// install alone would record 0.2 over deliveries that no worker could claim.
+fn refuse_0_1_js(ns: &Namespace) -> String {
+    format!(
+        "\n// A 0.1 store (deliveries without a laneId, events without handlers) is converted by\n\
+         // `relaybus schema-sql --from 0.1`; installing over it would strand its deliveries.\n\
+         if ({}.findOne({{ laneId: {{ $exists: false }} }}, {{ _id: 1 }}) !== null\n\
+         \x20   || {}.findOne({{ handlers: {{ $exists: false }} }}, {{ _id: 1 }}) !== null) {{\n\
+         \x20 throw new Error(\"database \" + rb.getName() + \" holds a relaybus 0.1 store: apply \
+         the conversion that `relaybus schema-sql --from 0.1` renders instead; nothing was changed\");\n\
+         }}\n",
+        collection_js(ns, DELIVERIES),
+        collection_js(ns, EVENTS),
+    )
+}
+
 pub(in crate::store::mongo) fn install_js(ns: &Namespace) -> String {
     let mut out = String::from(
         "\n// The collections, created before any transaction writes to them.\n\
@@ -47,16 +63,22 @@ pub(in crate::store::mongo) fn install_js(ns: &Namespace) -> String {
         ));
     }
     out.push_str(
-        "\n// An index of a 0.2 name with another definition, and a copy of a 0.2 index under\n\
-         // another name, are dropped first, so that what follows leaves exactly the 0.2 indexes.\n\
+        "\n// An index of a 0.2 name with another definition is dropped; a 0.2 index found under\n\
+         // another name (0.1's eventId_1_handler_1) is kept as it is, so that publishers are never\n\
+         // without it, and a second copy is dropped: what follows leaves one of each 0.2 index.\n\
          function ensureIndex(coll, keys, options) {\n\
          \x20 const same = (ix) => JSON.stringify(ix.key) === JSON.stringify(keys)\n\
          \x20   && JSON.stringify(ix.partialFilterExpression) === JSON.stringify(options.partialFilterExpression)\n\
          \x20   && Boolean(ix.unique) === Boolean(options.unique);\n\
-         \x20 for (const ix of coll.getIndexes()) {\n\
-         \x20   if ((ix.name === options.name) !== same(ix)) coll.dropIndex(ix.name);\n\
+         \x20 const indexes = coll.getIndexes();\n\
+         \x20 let kept = indexes.some((ix) => ix.name === options.name && same(ix));\n\
+         \x20 for (const ix of indexes) {\n\
+         \x20   if (ix.name === options.name && !same(ix)) coll.dropIndex(ix.name);\n\
+         \x20   else if (ix.name !== options.name && same(ix)) {\n\
+         \x20     if (kept) coll.dropIndex(ix.name); else kept = true;\n\
+         \x20   }\n\
          \x20 }\n\
-         \x20 coll.createIndex(keys, options);\n\
+         \x20 if (!kept) coll.createIndex(keys, options);\n\
          }\n",
     );
     for spec in indexes() {
@@ -161,7 +183,7 @@ pub(in crate::store::mongo) fn grants_js(ns: &Namespace, role: &str) -> String {
 /// role.
 pub(crate) fn script(ns: &Namespace, script: &Script) -> String {
     match script {
-        Script::Install => header(ns, "install") + &install_js(ns),
+        Script::Install => header(ns, "install") + &refuse_0_1_js(ns) + &install_js(ns),
         Script::ConvertFrom01 => {
             header(ns, "in-place conversion from 0.1") + &convert_js(ns) + &install_js(ns)
         }
