@@ -134,8 +134,10 @@ fn publish_and_dispatch_are_measured_exactly_on_mongodb() {
             "pub-p1-b100",
             "--cell",
             "disp-1i-tuned",
+            // Long enough that a debug build on a busy machine, and the test server, have
+            // started before the window does.
             "--warmup",
-            "200ms",
+            "2s",
             "--window",
             "2s",
             // The test server scans on `$in` filters: a small backlog keeps claims short.
@@ -149,7 +151,12 @@ fn publish_and_dispatch_are_measured_exactly_on_mongodb() {
         .arg(out.path())
         .output()
         .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stderr),
+        stdout(&o)
+    );
     let samples: Vec<Value> = serde_json::from_str(&stdout(&o)).unwrap();
     for s in &samples {
         assert_eq!(s["exactness"]["valid"], true, "{s}");
