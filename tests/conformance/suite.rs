@@ -854,6 +854,25 @@ pub(crate) async fn handler_controls_change_atomically_and_every_instance_reads_
     assert_eq!(other.controls().await.unwrap(), [HandlerControl::new("h")]);
 }
 
+/// A claim for one handler finds its due delivery behind more due deliveries of another handler
+/// than a lane keeps in flight: a paused handler's backlog never hides the others' work.
+pub(crate) async fn a_claim_finds_its_handler_s_work_behind_another_handler_s_backlog<S: Store>(
+    s: &S,
+) {
+    installed(s).await;
+    let lane = lane_of(None, "a-0");
+    let ahead: Vec<NewEvent> = (0..)
+        .map(|i| format!("b-{i}"))
+        .filter(|id| lane_of(None, id) == lane)
+        .take(70)
+        .map(|id| order(&id, None, &["b"]))
+        .collect();
+    publish(s, &ahead).await;
+    publish(s, &[order("a-0", None, &["a"])]).await;
+    let claimed = claim(s, &request("w", &["a"])).await;
+    assert_eq!(events_of(&claimed), ["a-0"]);
+}
+
 /// A delivery whose handler could not be started is postponed: due again later, its attempts
 /// unchanged, the reason kept as its last error.
 pub(crate) async fn a_postponed_delivery_is_due_later_without_an_attempt<S: Store>(s: &S) {

@@ -97,14 +97,17 @@ WITH ours AS (
   SELECT p.* FROM (SELECT *, greatest($9 - cardinality(running), 0) AS room FROM mine
                     WHERE NOT takeover ORDER BY cardinality(running) > 0, fresh, lane) m
   CROSS JOIN LATERAL (SELECT * FROM (
-    -- Unkeyed: from the lane's first due rows, past what it runs, with $9 to spare.
+    -- Unkeyed: from the lane's first due rows of these handlers, past what it runs, with $9
+    -- to spare. Other handlers' rows are skipped, not counted: a paused handler's backlog (or
+    -- one that only other workers serve) must not hide the rows behind it.
     (SELECT u.id, u.lane, m.epoch, u.claims, u.attempts, u.handler, u.event_id, u.available_at,
             u.row
        FROM (SELECT d.id, d.lane, d.claims, d.attempts, d.handler, d.event_id, d.available_at,
                     d.key, d.ctid AS row FROM "{{schema}}"."{{prefix}}deliveries" d
               WHERE d.lane = m.lane AND d.status = 'pending' AND d.available_at <= now()
+                AND d.handler = ANY ($3)
               ORDER BY d.available_at, d.id LIMIT m.room + cardinality(m.running) + $9) u
-      WHERE u.key IS NULL AND u.handler = ANY ($3) AND u.id NOT IN (SELECT id FROM busy)
+      WHERE u.key IS NULL AND u.id NOT IN (SELECT id FROM busy)
       LIMIT m.room)
     UNION ALL
     -- Keyed: `k` walks the lane's distinct (handler, key) pairs, one index probe each; only
