@@ -102,14 +102,7 @@ fn checked(name: &str) -> Result<&str> {
 /// Who runs the command, for a pause's record.
 fn operator() -> String {
     let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_default();
-    if host.is_empty() {
-        user
-    } else {
-        format!("{user}@{host}")
-    }
+    format!("{user}@{}", crate::dispatch::hostname())
 }
 
 fn report(

@@ -118,11 +118,18 @@ impl Default for RetryPolicy {
     }
 }
 
+/// This machine's name, or "host" when it cannot be read.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".into())
+}
+
 /// A unique worker name: host, process and a random suffix.
 pub fn worker_name() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|_| "host".into());
+    let host = hostname();
     format!(
         "{host}:{}:{:06x}",
         std::process::id(),

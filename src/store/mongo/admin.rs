@@ -494,15 +494,9 @@ impl Inspect for MongoStore {
             .map_err(&failed)?;
         for d in all(cursor).await.map_err(&failed)? {
             let handler = d.get_str("_id").unwrap_or_default().to_owned();
-            let entry = stats.entry(handler.clone()).or_insert(HandlerStats {
-                handler,
-                due: 0,
-                scheduled: 0,
-                processing: 0,
-                dead: 0,
-                completed: 0,
-                lag_seconds: None,
-            });
+            let entry = stats
+                .entry(handler.clone())
+                .or_insert_with(|| HandlerStats::empty(&handler));
             entry.completed += d.get("n").map(bson_i64).unwrap_or(0);
         }
         Ok(stats.into_values().collect())
