@@ -58,7 +58,7 @@ fn a_healthy_store_passes_every_check() {
 }
 
 /// Each kind of drift: how it is made, and the finding the doctor reports for it.
-const DRIFTS: [(&str, &str, &[&str]); 11] = [
+const DRIFTS: [(&str, &str, &[&str]); 12] = [
     ("missing table", "DROP TABLE {s}.relaybus_completions", &["FAIL table relaybus_completions"]),
     ("missing column", "ALTER TABLE {s}.relaybus_deliveries DROP COLUMN claims", &["FAIL column relaybus_deliveries.claims"]),
     ("extra column", "ALTER TABLE {s}.relaybus_events ADD COLUMN note text", &["warn column relaybus_events.note"]),
@@ -66,6 +66,7 @@ const DRIFTS: [(&str, &str, &[&str]); 11] = [
     ("missing index", "DROP INDEX {s}.relaybus_deliveries_lane_due_idx", &["FAIL index relaybus_deliveries_lane_due_idx"]),
     ("redefined index", "DROP INDEX {s}.relaybus_deliveries_dead_idx; CREATE INDEX relaybus_deliveries_dead_idx ON {s}.relaybus_deliveries (updated_at)", &["FAIL index relaybus_deliveries_dead_idx"]),
     ("0.1 index", "CREATE INDEX handler_created ON {s}.relaybus_deliveries (handler, created_at)", &["FAIL index handler_created"]),
+    ("index of the processing status", "CREATE INDEX stuck ON {s}.relaybus_deliveries (updated_at) WHERE status = 'processing'", &["warn index stuck"]),
     ("storage parameters", "ALTER TABLE {s}.relaybus_lanes RESET (fillfactor); ALTER TABLE {s}.relaybus_deliveries SET (fillfactor = 70)", &["FAIL storage relaybus_deliveries", "FAIL storage relaybus_lanes"]),
     ("missing lanes", "DELETE FROM {s}.relaybus_lanes WHERE lane IN (3, 200)", &["FAIL lanes relaybus_lanes"]),
     ("lanes outside 0..255", "ALTER TABLE {s}.relaybus_lanes DROP CONSTRAINT relaybus_lanes_lane_check; INSERT INTO {s}.relaybus_lanes (lane) VALUES (300)", &["FAIL lanes relaybus_lanes"]),

@@ -566,7 +566,7 @@ fn upgrade_refuses_live_0_1_leases_unless_forced() {
     let before = snapshot(&m);
     let out = m.cmd().args(["upgrade", "--yes"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("error: 1 deliveries are still leased by 0.1 workers (until 2999-01-01T00:00:00+00:00); stop every 0.1 worker first, or rerun with `--force` once they are stopped"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("error: 1 deliveries are still leased by 0.1 workers (until 2999-01-01T00:00:00+00:00); stop every 0.1 worker first, then run `relaybus upgrade --force` (or wait until the leases expire)"), "{}", stderr(&out));
     assert_eq!(
         m.cmd().arg("setup").output().unwrap().status.code(),
         Some(1)

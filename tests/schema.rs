@@ -302,8 +302,8 @@ fn upgrade_converts_the_0_1_fixture_and_a_second_run_changes_nothing() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(text.starts_with("found: schema 0.1\nrows: 6 events, 8 deliveries (2 pending, 2 processing -> pending, 2 completed kept, 2 dead)\nsteps:\n"), "{text}");
-    assert!(text.contains("  2. events-handlers: fill events.handlers from every delivery, completed ones included, so nothing completed under 0.1 runs again [6 rows]\n"), "{text}");
-    assert!(text.contains("  5. install: drop the indexes 0.2 does not keep, found by definition whatever their names; create the 0.2 indexes and tables, seed the 256 lanes, record the version; drops relaybus_deliveries_completed_idx, relaybus_deliveries_dead_purge_idx, relaybus_deliveries_due_idx, relaybus_deliveries_due_unkeyed_idx, relaybus_deliveries_handler_created_idx, relaybus_deliveries_key_sequence_idx, relaybus_deliveries_processing_idx, relaybus_deliveries_status_created_idx; creates relaybus_completions_completed_idx, relaybus_deliveries_dead_idx, relaybus_deliveries_lane_due_idx, relaybus_deliveries_lane_key_idx, relaybus_lanes, relaybus_completions, relaybus_handlers, relaybus_schema\n"), "{text}");
+    assert!(text.contains("  3. events-handlers: fill events.handlers from every delivery, completed ones included, so nothing completed under 0.1 runs again [6 rows]\n"), "{text}");
+    assert!(text.contains("  6. install: drop the indexes 0.2 does not keep, found by definition whatever their names; create the 0.2 indexes and tables, seed the 256 lanes, record the version; drops relaybus_deliveries_completed_idx, relaybus_deliveries_dead_purge_idx, relaybus_deliveries_due_idx, relaybus_deliveries_due_unkeyed_idx, relaybus_deliveries_handler_created_idx, relaybus_deliveries_key_sequence_idx, relaybus_deliveries_processing_idx, relaybus_deliveries_status_created_idx; creates relaybus_completions_completed_idx, relaybus_deliveries_dead_idx, relaybus_deliveries_lane_due_idx, relaybus_deliveries_lane_key_idx, relaybus_lanes, relaybus_completions, relaybus_handlers, relaybus_schema\n"), "{text}");
     assert!(
         text.ends_with("from 0.1 to 0.2 in ") || text.contains("\" from 0.1 to 0.2 in "),
         "{text}"
@@ -370,13 +370,13 @@ fn upgrade_reports_the_rows_each_step_has_rewritten_as_it_goes() {
     .unwrap();
     let reports = crate::common::upgrade_reports(&store);
     let steps: Vec<usize> = reports.iter().map(|(step, _)| *step).collect();
-    assert_eq!(steps, [1, 2, 3, 4, 5], "{reports:?}");
+    assert_eq!(steps, [1, 2, 3, 4, 5, 6], "{reports:?}");
     for (step, rows) in &reports {
         assert_eq!(rows[0], 0, "{reports:?}");
         assert!(rows.windows(2).all(|w| w[0] < w[1]), "{reports:?}");
         let (rewritten, at_least) = match step {
-            2 => (30_006, 3),
-            3 => (30_008, 3),
+            3 => (30_006, 3),
+            4 => (30_008, 3),
             _ => (0, 1),
         };
         assert_eq!(*rows.last().unwrap(), rewritten, "step {step}: {reports:?}");
@@ -447,6 +447,111 @@ fn upgrade_recognises_renamed_0_1_indexes_by_definition() {
     assert!(text.contains("record the version; drops due, keyed_pending, relaybus_deliveries_completed_idx, relaybus_deliveries_dead_idx, relaybus_deliveries_due_unkeyed_idx, relaybus_deliveries_handler_created_idx, relaybus_deliveries_processing_idx, relaybus_deliveries_status_created_idx; creates relaybus_completions_completed_idx, relaybus_deliveries_dead_idx, relaybus_deliveries_lane_due_idx, relaybus_deliveries_lane_key_idx, relaybus_lanes,"), "{text}");
     assert_converted(&s);
     s.cmd().args(["setup", "--check"]).assert().success();
+}
+
+/// A 0.1 store whose indexes carry the 0.1 names with other definitions converts to exactly a
+/// fresh install's indexes; the application's index is listed by the plan and `doctor`, and
+/// kept.
+#[test]
+fn upgrade_drops_0_1_indexes_by_name_and_keeps_the_application_s() {
+    let s = TestSchema::with_fixture_0_1("other_0_1_indexes");
+    let n = &s.name;
+    s.exec(&format!(
+        "SET search_path TO \"{n}\"; {}; RESET search_path",
+        include_str!("../sql/fixtures/store-0.1-other-indexes.sql")
+    ));
+    let kept = format!(
+        "index app_deliveries_failing (not relaybus's, kept): CREATE INDEX app_deliveries_failing \
+         ON {n}.relaybus_deliveries USING btree (last_error) WHERE (last_error IS NOT NULL)\n"
+    );
+    let out = s.cmd().args(["upgrade", "--dry-run"]).output().unwrap();
+    assert!(stdout(&out).contains(&kept), "{}", stdout(&out));
+    let out = s.cmd().args(["upgrade", "--yes"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("record the version; drops relaybus_deliveries_completed_idx, relaybus_deliveries_dead_purge_idx, relaybus_deliveries_due_idx, relaybus_deliveries_due_unkeyed_idx, relaybus_deliveries_event_handler_unique, relaybus_deliveries_handler_created_idx, relaybus_deliveries_key_sequence_idx, relaybus_deliveries_processing_idx, relaybus_deliveries_status_created_idx, relaybus_events_created_idx; creates relaybus_completions_completed_idx, relaybus_deliveries_dead_idx, relaybus_deliveries_event_handler_unique, relaybus_deliveries_lane_due_idx, relaybus_deliveries_lane_key_idx, relaybus_events_created_idx, relaybus_lanes,"), "{text}");
+    assert!(text.contains(&kept), "{text}");
+    let application = "index|app_deliveries_failing|CREATE INDEX app_deliveries_failing ON \
+                       S.relaybus_deliveries USING btree (last_error) WHERE (last_error IS NOT NULL)";
+    let mut found = catalog(&s);
+    let at = found.iter().position(|r| *r == application);
+    assert!(at.is_some(), "{found:?}");
+    found.remove(at.unwrap());
+    assert_eq!(
+        found,
+        catalog(&TestSchema::installed("other_0_1_indexes_ref"))
+    );
+    s.cmd().args(["setup", "--check"]).assert().success();
+    let doctor = s.cmd().arg("doctor").output().unwrap();
+    assert_eq!(doctor.status.code(), Some(3), "{}", stdout(&doctor));
+    let indexes: Vec<String> = stdout(&doctor)
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some("index"))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    assert_eq!(
+        indexes,
+        [
+            "ok index indexes every 0.2 index, by definition".to_owned(),
+            format!("warn index app_deliveries_failing not relaybus's: CREATE INDEX app_deliveries_failing ON {n}.relaybus_deliveries USING btree (last_error) WHERE (last_error IS NOT NULL); relaybus keeps it; it slows every write of the table it indexes"),
+        ]
+    );
+}
+
+/// An application index on a 0.1 lease column would go with the column: the conversion refuses,
+/// naming the statement that drops it, and writes nothing, by `upgrade`, `setup` and the script.
+#[test]
+fn an_application_index_on_a_0_1_lease_column_blocks_the_conversion() {
+    let s = TestSchema::with_fixture_0_1("blocking_index");
+    let n = &s.name;
+    s.exec(&format!(
+        "CREATE INDEX app_by_owner ON \"{n}\".relaybus_deliveries (lease_owner)"
+    ));
+    let before = snapshot(&s);
+    let drop = format!("DROP INDEX \"{n}\".\"app_by_owner\";");
+    let out = s.cmd().args(["upgrade", "--dry-run"]).output().unwrap();
+    assert!(
+        stdout(&out).contains(&format!("index app_by_owner blocks the conversion: CREATE INDEX app_by_owner ON {n}.relaybus_deliveries USING btree (lease_owner); drop it first: {drop}\n")),
+        "{}",
+        stdout(&out)
+    );
+    let out = s.cmd().args(["upgrade", "--yes"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        format!("error: indexes that are not relaybus's name what 0.2 removes (a 0.1 lease column or the status `processing`): the conversion would drop them or leave them meaningless; nothing was changed. Drop them first, then rerun: {drop}\n")
+    );
+    let out = s.cmd().arg("setup").output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains(&format!("indexes that are not relaybus's name what 0.2 removes (a 0.1 lease column or the status processing); drop them first: DROP INDEX {n}.app_by_owner;")),
+        "{}",
+        stderr(&out)
+    );
+    let script = stdout(
+        &s.cmd()
+            .args(["schema-sql", "--from", "0.1"])
+            .output()
+            .unwrap(),
+    );
+    let psql = std::process::Command::new("psql")
+        .args([
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "--single-transaction",
+            "-d",
+        ])
+        .arg(crate::common::database_url())
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert_eq!(psql.status.code(), Some(1), "{}", stderr(&psql));
+    assert_eq!(snapshot(&s), before);
+    s.exec(&drop);
+    s.cmd().args(["upgrade", "--yes"]).assert().success();
+    assert_converted(&s);
 }
 
 /// A 0.2 store whose index was redefined by hand is not current: `setup --check` says so, and
@@ -562,7 +667,7 @@ fn upgrade_dry_run_writes_nothing() {
     let plan: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(plan["applied"], false);
     assert_eq!(plan["plan"]["counts"]["processing"], 2);
-    assert_eq!(plan["plan"]["steps"].as_array().unwrap().len(), 5);
+    assert_eq!(plan["plan"]["steps"].as_array().unwrap().len(), 6);
     assert_eq!(plan["sql"], serde_json::Value::Null);
     assert_eq!(plan["expected_lock_seconds"], 0.0);
     assert_eq!(
@@ -584,7 +689,7 @@ fn upgrade_refuses_live_0_1_leases_unless_forced() {
     let before = snapshot(&s);
     let out = s.cmd().args(["upgrade", "--yes"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("error: 1 deliveries are still leased by 0.1 workers (until 2999-01-01 00:00:00+00); stop every 0.1 worker first, or rerun with `--force` once they are stopped"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("error: 1 deliveries are still leased by 0.1 workers (until 2999-01-01 00:00:00+00); stop every 0.1 worker first, then run `relaybus upgrade --force` (or wait until the leases expire)"), "{}", stderr(&out));
     assert_eq!(snapshot(&s), before);
     let out = s.cmd().arg("setup").output().unwrap();
     assert_eq!(out.status.code(), Some(1));

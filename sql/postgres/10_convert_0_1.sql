@@ -3,6 +3,30 @@
 -- so a second application changes nothing. Stop every 0.1 worker first: they would fail on the
 -- dropped columns. There is no down migration; take a backup.
 
+-- step check-indexes: refuse to convert while an index that is not relaybus's names a 0.1
+-- lease column or the 0.1 status `processing`: the conversion would drop it with its column, or
+-- leave it meaningless; its owner drops it first
+DO $step$
+DECLARE
+  found_index record;
+  blocking text := '';
+BEGIN
+  IF EXISTS (SELECT 1 FROM pg_attribute
+             WHERE attrelid = to_regclass('"{{schema}}"."{{prefix}}deliveries"')
+               AND attname = 'lease_token' AND NOT attisdropped) THEN
+    FOR found_index IN {{index_drift}}
+    LOOP
+      IF found_index.action = 'blocking' THEN
+        blocking := blocking || format(' DROP INDEX %I.%I;', '{{schema}}', found_index.name);
+      END IF;
+    END LOOP;
+    IF blocking <> '' THEN
+      RAISE EXCEPTION 'relaybus: indexes that are not relaybus''s name what 0.2 removes (a 0.1 lease column or the status processing); drop them first:%', blocking;
+    END IF;
+  END IF;
+END
+$step$;
+
 -- step events-handlers: fill events.handlers from every delivery, completed ones included, so
 -- nothing completed under 0.1 runs again
 DO $step$

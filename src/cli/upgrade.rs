@@ -59,6 +59,17 @@ fn print_plan(out: &Output, plan: &UpgradePlan) -> Result<()> {
             number.len(),
         )?;
     }
+    for i in &plan.foreign_indexes {
+        let line = if i.blocks {
+            format!(
+                "index {} blocks the conversion: {}; drop it first: {}",
+                i.name, i.definition, i.drop_statement
+            )
+        } else {
+            format!("index {} (not relaybus's, kept): {}", i.name, i.definition)
+        };
+        out.paragraph(line, 2)?;
+    }
     if plan.live_leases.count > 0 {
         out.line(format!(
             "live 0.1 leases: {} (until {})",
@@ -111,6 +122,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Resu
         return Ok(ExitCode::SUCCESS);
     }
     plan.live_leases.refuse_unless(args.force)?;
+    plan.refuse_blocking_indexes()?;
     let started = Instant::now();
     let Some(outcome) = convert(out, &store, &plan, &args).await? else {
         return declined();

@@ -75,8 +75,11 @@ pub enum StoreError {
     #[error("the statement does not run on this database: {detail}; its parameters are $1 event id (text), $2 payload (jsonb), $3 key (text), $4 type (text), $5 headers (jsonb), $6 delivery id (text), $7 attempt (int4)")]
     InvalidStatement { detail: String },
 
-    #[error("{count} deliveries are still leased by 0.1 workers (until {until}); stop every 0.1 worker first, or rerun with `--force` once they are stopped")]
+    #[error("{count} deliveries are still leased by 0.1 workers (until {until}); stop every 0.1 worker first, then run `relaybus upgrade --force` (or wait until the leases expire)")]
     LiveLeases { count: i64, until: String },
+
+    #[error("indexes that are not relaybus's name what 0.2 removes (a 0.1 lease column or the status `processing`): the conversion would drop them or leave them meaningless; nothing was changed. Drop them first, then rerun: {statements}")]
+    BlockingIndexes { statements: String },
 
     #[error("timed out after {timeout} waiting for a lock held by {blockers}; nothing was changed. Retry when that session is done, or raise --lock-timeout")]
     LockTimeout { timeout: String, blockers: String },

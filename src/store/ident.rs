@@ -78,6 +78,12 @@ impl Namespace {
         format!("\"{}\".\"{}\"", self.schema, self.table_name(name))
     }
 
+    /// `"schema"."relation"`, quoted, for a relation named as the catalog names it (an
+    /// application's index may hold any character).
+    pub fn qualified(&self, relation: &str) -> String {
+        format!("\"{}\".\"{}\"", self.schema, relation.replace('"', "\"\""))
+    }
+
     /// `prefix<name>`, as the catalog names it.
     pub fn table_name(&self, name: &str) -> String {
         format!("{}{}", self.prefix, name)

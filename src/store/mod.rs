@@ -30,8 +30,8 @@ pub use ident::Namespace;
 pub use options::StoreOptions;
 pub use retention::purge;
 pub use status::{
-    LiveLeases, Locks, SchemaStatus, SetupOutcome, UpgradeCounts, UpgradePlan, UpgradeProgress,
-    UpgradeStep, SCHEMA_VERSION,
+    ForeignIndex, LiveLeases, Locks, SchemaStatus, SetupOutcome, UpgradeCounts, UpgradePlan,
+    UpgradeProgress, UpgradeStep, SCHEMA_VERSION,
 };
 pub use types::*;
 pub use wake::{WakeUp, WakeUps};

@@ -131,6 +131,8 @@ pub struct UpgradePlan {
     pub live_leases: LiveLeases,
     /// What the conversion locks, and so what waits while it runs.
     pub locks: Locks,
+    /// Indexes of relaybus's tables that relaybus did not create: kept, unless they block.
+    pub foreign_indexes: Vec<ForeignIndex>,
 }
 
 impl UpgradePlan {
@@ -142,8 +144,38 @@ impl UpgradePlan {
             counts: UpgradeCounts::default(),
             live_leases: LiveLeases::default(),
             locks: Locks::default(),
+            foreign_indexes: vec![],
         }
     }
+
+    /// A conversion must not drop, or leave meaningless, an index that is not relaybus's.
+    pub fn refuse_blocking_indexes(&self) -> Result<(), StoreError> {
+        let drop: Vec<String> = self
+            .foreign_indexes
+            .iter()
+            .filter(|i| i.blocks)
+            .map(|i| i.drop_statement.clone())
+            .collect();
+        if drop.is_empty() {
+            return Ok(());
+        }
+        Err(StoreError::BlockingIndexes {
+            statements: drop.join(" "),
+        })
+    }
+}
+
+/// An index of a relaybus table that relaybus did not create (the application's): relaybus
+/// lists it and never drops it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ForeignIndex {
+    pub name: String,
+    /// As the server prints it (`CREATE INDEX ...`).
+    pub definition: String,
+    /// It names what 0.2 removes (a 0.1 lease column or the status `processing`), so the
+    /// conversion refuses until it is dropped.
+    pub blocks: bool,
+    pub drop_statement: String,
 }
 
 /// What a conversion locks, and for how long it expects to.

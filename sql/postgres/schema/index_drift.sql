@@ -1,8 +1,15 @@
--- How the namespace's indexes differ from 0.2's, by definition, whatever their names: rows
--- (name, 'drop') for a 0.1 index 0.2 does not keep, for a 0.2 index under another name (a
--- duplicate) and for an index of a 0.2 name with another definition; (name, 'create') for a
--- 0.2 index that is missing or is dropped here. The conversion and the install drop what this
--- finds; `setup --check` calls a store current only when it finds nothing.
+-- How the namespace's indexes differ from 0.2's, whatever their names: one row (name, action,
+-- definition) per index that is not exactly a 0.2 one, and per 0.2 index that is missing.
+--   drop      a 0.1 index 0.2 does not keep, found by its 0.1 name or by its 0.1 definition
+--             under another name; a 0.2 index under another name (a copy); an index of a 0.2
+--             name with another definition
+--   create    a 0.2 index that is missing or is dropped here
+--   foreign   any other index of a relaybus table: the application's, kept and never dropped
+--   blocking  a foreign index that names a 0.1 lease column or the 0.1 status `processing`:
+--             the conversion would drop it with its column, or leave it meaningless, so it
+--             refuses until its owner drops it
+-- The conversion and the install drop what this finds; `setup --check` calls a store current
+-- only when it finds nothing but foreign indexes.
 -- params:
 WITH wanted (name, tbl, is_unique, def) AS (VALUES
   ('{{prefix}}deliveries_event_handler_unique', '{{prefix}}deliveries', true,
@@ -15,8 +22,14 @@ WITH wanted (name, tbl, is_unique, def) AS (VALUES
    'btree (updated_at, id) WHERE (status = ''dead''::text)'),
   ('{{prefix}}events_created_idx', '{{prefix}}events', false, 'btree (created_at)'),
   ('{{prefix}}completions_completed_idx', '{{prefix}}completions', false, 'btree (completed_at)')
+), retired_names (name) AS (VALUES
+  -- The indexes of deliveries that 0.1 created and 0.2 does not keep, by the names 0.1 gave them.
+  ('{{prefix}}deliveries_due_idx'), ('{{prefix}}deliveries_due_unkeyed_idx'),
+  ('{{prefix}}deliveries_completed_idx'), ('{{prefix}}deliveries_handler_created_idx'),
+  ('{{prefix}}deliveries_status_created_idx'), ('{{prefix}}deliveries_key_sequence_idx'),
+  ('{{prefix}}deliveries_processing_idx'), ('{{prefix}}deliveries_dead_purge_idx')
 ), retired (def) AS (VALUES
-  -- The 0.1 indexes of deliveries that 0.2 does not keep.
+  -- The same indexes by their 0.1 definitions, for copies renamed since.
   ('btree (available_at, id) WHERE (status = ''pending''::text)'),
   ('btree (available_at, id) WHERE ((status = ''pending''::text) AND (key IS NULL))'),
   ('btree (completed_at) WHERE (status = ''completed''::text)'),
@@ -27,24 +40,34 @@ WITH wanted (name, tbl, is_unique, def) AS (VALUES
   ('btree (updated_at) WHERE (status = ''dead''::text)')
 ), present AS (
   SELECT c.relname::text AS name, t.relname::text AS tbl, i.indisunique AS is_unique,
-         substring(pg_get_indexdef(i.indexrelid) from ' USING (.*)$') AS def
+         substring(pg_get_indexdef(i.indexrelid) from ' USING (.*)$') AS def,
+         pg_get_indexdef(i.indexrelid) AS statement
     FROM pg_index i
     JOIN pg_class c ON c.oid = i.indexrelid
     JOIN pg_class t ON t.oid = i.indrelid
     JOIN pg_namespace n ON n.oid = t.relnamespace
    WHERE n.nspname = '{{schema}}' AND NOT i.indisprimary
-     AND t.relname IN ('{{prefix}}deliveries', '{{prefix}}events', '{{prefix}}completions')
-), dropped AS (
-  SELECT p.name FROM present p
-   WHERE (p.name NOT IN (SELECT name FROM wanted)
-          AND ((p.tbl = '{{prefix}}deliveries' AND p.def IN (SELECT def FROM retired))
-               OR (p.tbl, p.is_unique, p.def) IN (SELECT tbl, is_unique, def FROM wanted)))
-      OR EXISTS (SELECT 1 FROM wanted w WHERE w.name = p.name
-                  AND (w.tbl, w.is_unique, w.def) IS DISTINCT FROM (p.tbl, p.is_unique, p.def))
+     AND t.relname IN ('{{prefix}}deliveries', '{{prefix}}events', '{{prefix}}completions',
+                       '{{prefix}}lanes', '{{prefix}}key_sequences', '{{prefix}}handlers',
+                       '{{prefix}}schema')
+), classified AS (
+  SELECT p.*,
+         CASE
+           WHEN p.name IN (SELECT name FROM wanted) THEN
+             CASE WHEN (p.tbl, p.is_unique, p.def) IN (SELECT tbl, is_unique, def FROM wanted)
+                  THEN 'keep' ELSE 'drop' END
+           WHEN p.tbl = '{{prefix}}deliveries'
+                AND (p.name IN (SELECT name FROM retired_names)
+                     OR p.def IN (SELECT def FROM retired)) THEN 'drop'
+           WHEN (p.tbl, p.is_unique, p.def) IN (SELECT tbl, is_unique, def FROM wanted) THEN 'drop'
+           WHEN p.def ~ '\m(lease_owner|lease_token|lease_expires_at)\M|''processing''' THEN 'blocking'
+           ELSE 'foreign'
+         END AS action
+    FROM present p
 )
-SELECT name, 'drop' AS action FROM dropped
+SELECT name, action, statement FROM classified WHERE action <> 'keep'
 UNION ALL
-SELECT w.name, 'create' FROM wanted w
- WHERE w.name IN (SELECT name FROM dropped)
+SELECT w.name, 'create', NULL FROM wanted w
+ WHERE w.name IN (SELECT name FROM classified WHERE action = 'drop')
     OR NOT EXISTS (SELECT 1 FROM present p WHERE p.name = w.name)
- ORDER BY action DESC, name
+ ORDER BY 2 DESC, 1

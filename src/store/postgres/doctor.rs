@@ -385,10 +385,11 @@ impl PgStore {
     }
 
     async fn index_checks(&self, client: &impl GenericClient, script: &str) -> Result<Vec<Check>> {
-        let (dropped, created) = self.index_drift(client).await?;
+        let drift = self.index_drift(client).await?;
+        let (dropped, created) = (&drift.dropped, &drift.created);
         let mut checks = vec![];
-        for name in &dropped {
-            let mut fix = format!("DROP INDEX \"{}\".\"{name}\";\n", self.ns.schema());
+        for name in dropped {
+            let mut fix = format!("DROP INDEX {};\n", self.ns.qualified(name));
             let recreated = created.contains(name);
             if recreated {
                 fix.push_str(&index_statement(script, name).unwrap_or_default());
@@ -417,9 +418,35 @@ impl PgStore {
             checks.push(Check::ok(
                 "index",
                 "indexes",
-                "every 0.2 index, by definition, and no other",
+                if drift.foreign.is_empty() {
+                    "every 0.2 index, by definition, and no other"
+                } else {
+                    "every 0.2 index, by definition"
+                },
             ));
         }
+        checks.extend(drift.foreign.into_iter().map(|i| {
+            if i.blocks {
+                Check::warn(
+                    "index",
+                    &i.name,
+                    format!(
+                        "not relaybus's, and names the 0.1 status `processing`, which 0.2 never \
+                         writes: {}",
+                        i.definition
+                    ),
+                    "drop it",
+                )
+                .with_fix(format!("{}\n", i.drop_statement))
+            } else {
+                Check::warn(
+                    "index",
+                    &i.name,
+                    format!("not relaybus's: {}", i.definition),
+                    "relaybus keeps it; it slows every write of the table it indexes",
+                )
+            }
+        }));
         Ok(checks)
     }
 

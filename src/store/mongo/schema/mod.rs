@@ -77,6 +77,7 @@ impl Schema for MongoStore {
                     .into(),
                 expected_seconds: None,
             },
+            foreign_indexes: vec![],
         })
     }
 

@@ -9,8 +9,8 @@ use super::super::PgStore;
 use super::locks::setup_lock_key;
 use super::render::{conversion_steps, names_after, render, script, INSTALL, PRELUDE};
 use crate::store::{
-    LiveLeases, Locks, Namespace, Result, Schema, SchemaStatus, Script, SetupOutcome, StoreError,
-    UpgradeCounts, UpgradePlan, UpgradeProgress, UpgradeStep, SCHEMA_VERSION,
+    ForeignIndex, LiveLeases, Locks, Namespace, Result, Schema, SchemaStatus, Script, SetupOutcome,
+    StoreError, UpgradeCounts, UpgradePlan, UpgradeProgress, UpgradeStep, SCHEMA_VERSION,
 };
 
 /// Setup, the conversion and its plan read and rewrite whole tables, for which a sequential
@@ -57,7 +57,7 @@ impl PgStore {
         };
         Ok(match version.as_deref() {
             Some(SCHEMA_VERSION)
-                if !has_handlers || self.index_drift(client).await? != (vec![], vec![]) =>
+                if !has_handlers || !self.index_drift(client).await?.is_exact() =>
             {
                 SchemaStatus::Incomplete
             }
@@ -120,14 +120,12 @@ impl PgStore {
         })
     }
 
-    /// How the indexes differ from 0.2's, by definition: the indexes to drop, and the 0.2 indexes
-    /// to create.
+    /// How the indexes differ from 0.2's, by definition.
     pub(in crate::store::postgres) async fn index_drift(
         &self,
         client: &impl GenericClient,
-    ) -> Result<(Vec<String>, Vec<String>)> {
-        let mut dropped = Vec::new();
-        let mut created = Vec::new();
+    ) -> Result<IndexDrift> {
+        let mut drift = IndexDrift::default();
         for row in client
             .query_typed(&self.sql.index_drift.text, &[])
             .await
@@ -135,11 +133,17 @@ impl PgStore {
         {
             let name: String = row.get(0);
             match row.get::<_, &str>(1) {
-                "drop" => dropped.push(name),
-                _ => created.push(name),
+                "drop" => drift.dropped.push(name),
+                "create" => drift.created.push(name),
+                action => drift.foreign.push(ForeignIndex {
+                    drop_statement: format!("DROP INDEX {};", self.ns.qualified(&name)),
+                    name,
+                    definition: row.get(2),
+                    blocks: action == "blocking",
+                }),
             }
         }
-        Ok((dropped, created))
+        Ok(drift)
     }
 
     /// Whether this role may create objects in the schema (and so repair a store).
@@ -216,7 +220,11 @@ impl PgStore {
                 .filter(|n| !existing.contains(n))
                 .collect()
         };
-        let (dropped, indexes) = self.index_drift(tx).await?;
+        let IndexDrift {
+            dropped,
+            created: indexes,
+            ..
+        } = self.index_drift(tx).await?;
         let created: Vec<String> = [
             indexes,
             absent(INSTALL, "CREATE TABLE IF NOT EXISTS "),
@@ -289,6 +297,24 @@ impl PgStore {
             .await
             .map_err(db("could not commit the upgrade"))?;
         Ok(SetupOutcome { before, after })
+    }
+}
+
+/// How a namespace's indexes differ from 0.2's (`sql/postgres/schema/index_drift.sql`).
+#[derive(Debug, Default)]
+pub(in crate::store::postgres) struct IndexDrift {
+    /// Indexes the install drops: 0.1's, copies of 0.2's, 0.2 names defined otherwise.
+    pub(in crate::store::postgres) dropped: Vec<String>,
+    /// 0.2 indexes the install creates.
+    pub(in crate::store::postgres) created: Vec<String>,
+    /// The application's indexes, which relaybus keeps.
+    pub(in crate::store::postgres) foreign: Vec<ForeignIndex>,
+}
+
+impl IndexDrift {
+    /// Every 0.2 index, as 0.2 defines it, and no other of relaybus's.
+    fn is_exact(&self) -> bool {
+        self.dropped.is_empty() && self.created.is_empty()
     }
 }
 
@@ -366,6 +392,7 @@ impl Schema for PgStore {
             locks: conversion_locks(&self.ns, &counts),
             counts,
             live_leases,
+            foreign_indexes: self.index_drift(&tx).await?.foreign,
         })
     }
 
