@@ -1711,7 +1711,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__upgrade)
-            opts="-y -h -V --dry-run --show-sql --yes --force --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            opts="-y -h -V --dry-run --show-sql --yes --force --online --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

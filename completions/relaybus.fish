@@ -65,6 +65,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l dry-run -d
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l show-sql -d 'With --dry-run, also print the conversion as the script `schema-sql --from 0.1` renders (SQL, or mongosh on MongoDB)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -s y -l yes -d 'Do not ask for confirmation'
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l force -d 'Convert even while 0.1 deliveries hold unexpired leases (their workers must be stopped)'
+complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l online -d 'Convert while the application reads and writes: rows are filled in batches of 5,000, indexes built concurrently, and the tables are locked only for catalog changes, at the start and for a fraction of a second at the end. Killed anywhere, run it again. 0.1 publishers may publish until the end. MongoDB conversions are always online'
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -s h -l help -d 'Print help (see more with \'--help\')'

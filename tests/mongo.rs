@@ -502,7 +502,12 @@ fn upgrade_converts_the_0_1_fixture_and_a_second_run_changes_nothing() {
     m.cmd().arg("setup").assert().success();
     assert_eq!(snapshot(&m), first);
 
-    // The converted store works: the parked 0.1 follower runs once its head has.
+    assert_the_converted_fixture_drains(&m);
+}
+
+/// The converted fixture works: a worker runs its pending deliveries once each, the parked 0.1
+/// follower once its head has, and exits.
+fn assert_the_converted_fixture_drains(m: &TestMongo) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("handled.log");
     let command = format!(
@@ -515,11 +520,8 @@ fn upgrade_converts_the_0_1_fixture_and_a_second_run_changes_nothing() {
         format!("[handlers.billing]\nexec = '''{command}'''\n[handlers.email]\nexec = '''{command}'''\n"),
     )
     .unwrap();
-    let out = m
-        .cmd()
-        .args(["run", "--config", config.to_str().unwrap(), "--drain"])
-        .output()
-        .unwrap();
+    let worker = spawn_worker(m, &["--config", config.to_str().unwrap(), "--drain"]);
+    let out = crate::common::finish(worker, Duration::from_secs(60));
     assert!(out.status.success(), "{}", stderr(&out));
     let mut runs: Vec<String> = std::fs::read_to_string(&log)
         .unwrap()
@@ -528,6 +530,56 @@ fn upgrade_converts_the_0_1_fixture_and_a_second_run_changes_nothing() {
         .collect();
     runs.sort();
     assert_eq!(runs, ["billing ev-2 1", "email ev-1 3", "email ev-3 2"]);
+}
+
+/// The install script of relaybus before it refused a 0.1 store, applied over one, recorded 0.2
+/// over documents no worker could claim. `setup --check`, `upgrade --dry-run` and `doctor` find
+/// them whatever the version document says, `setup` converts them, and a worker drains them.
+#[test]
+fn a_0_1_store_installed_over_is_found_converted_and_drained() {
+    let m = TestMongo::with_fixture_0_1("mongo_installed_over");
+    let install = stdout(&m.cmd().arg("schema-sql").output().unwrap());
+    let unguarded = install.replace("  throw new Error(", "  print(");
+    assert_ne!(unguarded, install);
+    crate::common::mongo::mongosh(&unguarded);
+    let version = m.find("schema", doc! { "_id": "version" });
+    assert_eq!(version[0].get_str("version").unwrap(), "0.2");
+    let check = m.cmd().args(["setup", "--check"]).output().unwrap();
+    assert_eq!(check.status.code(), Some(1));
+    assert_eq!(
+        stderr(&check),
+        format!(
+            "relaybus schema is 0.1 in database \"{}\", prefix \"relaybus_\", expected 0.2; run \
+             `relaybus upgrade --dry-run` to see the conversion, then `relaybus upgrade`\n",
+            m.name
+        )
+    );
+    let plan = m
+        .cmd()
+        .args(["upgrade", "--dry-run", "--json"])
+        .output()
+        .unwrap();
+    let plan: Value = serde_json::from_slice(&plan.stdout).unwrap();
+    let rows: Vec<&Value> = plan["plan"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| &s["rows"])
+        .collect();
+    assert_eq!(rows, [&json!(8), &json!(6), &Value::Null]);
+    let doctor = m.cmd().arg("doctor").output().unwrap();
+    assert_eq!(doctor.status.code(), Some(1));
+    assert!(
+        stdout(&doctor).contains("the schema is 0.1"),
+        "{}",
+        stdout(&doctor)
+    );
+    m.cmd().arg("setup").assert().success().stdout(format!(
+        "relaybus schema 0.1 -> 0.2 (database \"{}\", prefix \"relaybus_\")\n",
+        m.name
+    ));
+    assert_converted(&m);
+    assert_the_converted_fixture_drains(&m);
 }
 
 #[test]

@@ -554,6 +554,164 @@ fn an_application_index_on_a_0_1_lease_column_blocks_the_conversion() {
     assert_converted(&s);
 }
 
+/// What an online conversion killed after its first step leaves: the 0.2 columns, the
+/// constraints and the triggers (applied here from the scripts the binary embeds).
+fn begin_online(s: &TestSchema) {
+    let ns = s.namespace();
+    s.exec(&format!(
+        "{}\n{}",
+        ns.render(include_str!("../sql/postgres/00_prelude.sql")),
+        ns.render(include_str!("../sql/postgres/online/begin.sql"))
+    ));
+}
+
+/// Rows a 0.1 publisher writes (0.1's columns only): a new event with two deliveries, and a new
+/// handler's delivery for an event the backfill has not reached.
+fn publish_0_1(s: &TestSchema) {
+    s.exec(&format!(
+        "INSERT INTO {events} (id, type, key, payload) VALUES ('ev-7', 'order.shipped', 'order-7', '{{}}');
+         INSERT INTO {deliveries} (id, event_id, handler, key, sequence) VALUES
+           ('d-7a', 'ev-7', 'email', 'order-7', 3), ('d-7b', 'ev-7', 'billing', 'order-7', 3),
+           ('d-3b', 'ev-3', 'audit', NULL, NULL);",
+        events = s.table("events"),
+        deliveries = s.table("deliveries"),
+    ));
+}
+
+/// The rows `publish_0_1` wrote, converted: lanes by the publish-time hash, handlers of every
+/// delivery on their events.
+fn assert_published_0_1_converted(s: &TestSchema) {
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT id, lane, status, claims FROM {} WHERE id IN ('d-3b', 'd-7a', 'd-7b') ORDER BY id",
+            s.table("deliveries")
+        )),
+        ["d-3b|234|pending|0", "d-7a|251|pending|0", "d-7b|251|pending|0"]
+    );
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT id, handlers::text FROM {} WHERE id IN ('ev-3', 'ev-7') ORDER BY id",
+            s.table("events")
+        )),
+        ["ev-3|{audit,email}", "ev-7|{billing,email}"]
+    );
+    s.exec(&format!(
+        "DELETE FROM {} WHERE id IN ('d-3b', 'd-7a', 'd-7b');
+         DELETE FROM {} WHERE id = 'ev-7';
+         UPDATE {} SET handlers = '{{email}}' WHERE id = 'ev-3';",
+        s.table("deliveries"),
+        s.table("events"),
+        s.table("events")
+    ));
+}
+
+/// `upgrade --online` plans its own steps, converts the fixture to exactly what the offline
+/// conversion leaves, and a second run changes nothing.
+#[test]
+fn upgrade_online_converts_the_0_1_fixture_as_the_offline_conversion_does() {
+    let s = TestSchema::with_fixture_0_1("online");
+    let before = snapshot(&s);
+    let out = s
+        .cmd()
+        .args(["upgrade", "--online", "--dry-run", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let plan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let steps: Vec<String> = plan["plan"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| format!("{} {}", s["name"].as_str().unwrap(), s["rows"]))
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            "begin null",
+            "events-handlers 6",
+            "deliveries-lanes 8",
+            "validate null",
+            "indexes null",
+            "finish null"
+        ]
+    );
+    assert!(plan["plan"]["steps"][4]["description"]
+        .as_str()
+        .unwrap()
+        .ends_with("; creates relaybus_deliveries_dead_idx, relaybus_deliveries_lane_due_idx, relaybus_deliveries_lane_key_idx; drops relaybus_deliveries_completed_idx, relaybus_deliveries_dead_purge_idx, relaybus_deliveries_due_idx, relaybus_deliveries_due_unkeyed_idx, relaybus_deliveries_handler_created_idx, relaybus_deliveries_key_sequence_idx, relaybus_deliveries_processing_idx, relaybus_deliveries_status_created_idx"), "{plan}");
+    assert_eq!(plan["expected_lock_seconds"], 0.2);
+    assert_eq!(snapshot(&s), before);
+    let out = s
+        .cmd()
+        .args(["upgrade", "--online", "--yes"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("  6. finish: drop the triggers and the lease columns"),
+        "{}",
+        stdout(&out)
+    );
+    assert_converted(&s);
+    s.cmd()
+        .args(["upgrade", "--online", "--yes"])
+        .assert()
+        .success()
+        .stdout("relaybus schema is already 0.2; nothing to upgrade\n");
+}
+
+/// Killed after its first step, with a 0.2 index left invalid by an interrupted concurrent
+/// build, while a 0.1 publisher went on writing: the rerun gives the new rows their lanes and
+/// handlers, builds the index again, and ends with a fresh install's catalog.
+#[test]
+fn upgrade_online_run_again_after_a_kill_finishes_with_what_was_published_meanwhile() {
+    let s = TestSchema::with_fixture_0_1("online_again");
+    begin_online(&s);
+    let n = &s.name;
+    s.exec(&format!(
+        "CREATE INDEX relaybus_deliveries_lane_due_idx ON \"{n}\".relaybus_deliveries
+           (lane, available_at, id) WHERE status = 'pending';
+         UPDATE pg_index SET indisvalid = false
+          WHERE indexrelid = '\"{n}\".relaybus_deliveries_lane_due_idx'::regclass;"
+    ));
+    publish_0_1(&s);
+    s.cmd()
+        .args(["upgrade", "--online", "--yes"])
+        .assert()
+        .success();
+    assert_eq!(
+        s.count(&format!(
+            "SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+              JOIN pg_namespace ns ON ns.oid = c.relnamespace
+             WHERE ns.nspname = '{n}' AND NOT i.indisvalid"
+        )),
+        0
+    );
+    assert_published_0_1_converted(&s);
+    assert_converted(&s);
+}
+
+/// The offline conversion of a store an online one left halfway removes what the online one
+/// added for its own use.
+#[test]
+fn upgrade_offline_after_an_interrupted_online_one_leaves_a_fresh_install_s_catalog() {
+    let s = TestSchema::with_fixture_0_1("online_then_offline");
+    begin_online(&s);
+    publish_0_1(&s);
+    s.cmd().args(["upgrade", "--yes"]).assert().success();
+    assert_eq!(
+        s.count(&format!(
+            "SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+              JOIN pg_namespace ns ON ns.oid = c.relnamespace WHERE ns.nspname = '{}'
+               AND NOT t.tgisinternal",
+            s.name
+        )),
+        0
+    );
+    assert_published_0_1_converted(&s);
+    assert_converted(&s);
+}
+
 /// A 0.2 store whose index was redefined by hand is not current: `setup --check` says so, and
 /// `setup` puts the 0.2 definition back.
 #[test]

@@ -100,15 +100,18 @@ BEGIN
       DROP CONSTRAINT IF EXISTS "{{prefix}}deliveries_status_check",
       ADD CONSTRAINT "{{prefix}}deliveries_status_check"
         CHECK (status IN ('pending', 'dead', 'completed')),
+      DROP CONSTRAINT IF EXISTS "{{prefix}}deliveries_lane_check",
       ADD CONSTRAINT "{{prefix}}deliveries_lane_check" CHECK (lane >= 0 AND lane < 256),
       SET (autovacuum_vacuum_scale_factor = 0.02);
   END IF;
 END
 $step$;
 
--- step lease-columns: drop the 0.1 row leases; 0.2 leases lanes
+-- step lease-columns: drop the 0.1 row leases (0.2 leases lanes), and what an online conversion
+-- that stopped halfway left
 ALTER TABLE "{{schema}}"."{{prefix}}deliveries"
   DROP COLUMN IF EXISTS lease_owner,
   DROP COLUMN IF EXISTS lease_token,
   DROP COLUMN IF EXISTS lease_expires_at;
+{{online_cleanup}}
 

@@ -11,7 +11,7 @@ DECLARE
 BEGIN
   FOR found_index IN {{index_drift}}
   LOOP
-    IF found_index.action = 'drop' THEN
+    IF found_index.action IN ('drop', 'invalid') THEN
       EXECUTE format('DROP INDEX %I.%I', '{{schema}}', found_index.name);
     END IF;
   END LOOP;

@@ -11,17 +11,19 @@ use super::output::{confirm, declined};
 use super::{GlobalArgs, Output};
 use crate::store::prelude::*;
 use crate::store::{
-    schema_script, AnyStore, Engine, SchemaStatus, Script, SetupOutcome, StoreOptions, UpgradePlan,
-    UpgradeProgress,
+    schema_script, AnyStore, Conversion, Engine, SchemaStatus, Script, SetupOutcome, StoreOptions,
+    UpgradePlan, UpgradeProgress,
 };
 
 /// Convert a 0.1 store to 0.2 in place.
 ///
-/// Prints the plan first (the version found, each step with the rows and objects it changes), then
-/// asks for confirmation on a terminal (--yes in scripts) and applies it in one transaction. With
-/// --dry-run it stops after the plan, having written nothing. Stop every 0.1 worker first: the
-/// upgrade refuses while 0.1 deliveries hold unexpired leases unless --force is given. There is
-/// no down migration; take a backup. On a current store it says so and exits 0.
+/// Prints the plan first (the version found, each step with the rows and objects it changes, what
+/// it locks), then asks for confirmation on a terminal (--yes in scripts) and applies it: in one
+/// transaction that holds the tables throughout, or with --online in short transactions while
+/// the application keeps reading and writing. With --dry-run it stops after the plan, having
+/// written nothing. Stop every 0.1 worker first: the upgrade refuses while 0.1 deliveries hold
+/// unexpired leases unless --force is given. There is no down migration; take a backup. On a
+/// current store it says so and exits 0.
 #[derive(Debug, Args)]
 pub struct UpgradeArgs {
     /// Print the plan and stop; write nothing.
@@ -37,6 +39,22 @@ pub struct UpgradeArgs {
     /// Convert even while 0.1 deliveries hold unexpired leases (their workers must be stopped).
     #[arg(long)]
     pub force: bool,
+    /// Convert while the application reads and writes: rows are filled in batches of 5,000,
+    /// indexes built concurrently, and the tables are locked only for catalog changes, at the
+    /// start and for a fraction of a second at the end. Killed anywhere, run it again. 0.1
+    /// publishers may publish until the end. MongoDB conversions are always online.
+    #[arg(long, conflicts_with = "show_sql")]
+    pub online: bool,
+}
+
+impl UpgradeArgs {
+    fn conversion(&self) -> Conversion {
+        if self.online {
+            Conversion::Online
+        } else {
+            Conversion::Offline
+        }
+    }
 }
 
 fn print_plan(out: &Output, plan: &UpgradePlan) -> Result<()> {
@@ -83,7 +101,7 @@ fn print_plan(out: &Output, plan: &UpgradePlan) -> Result<()> {
 pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Result<ExitCode> {
     let store = g.open(StoreOptions::admin())?;
     let ns = store.namespace().clone();
-    let plan = store.upgrade_plan().await?;
+    let plan = store.upgrade_plan(args.conversion()).await?;
     match &plan.found {
         SchemaStatus::V01 => {}
         SchemaStatus::Current => {
@@ -174,7 +192,11 @@ async fn convert(
     if !args.yes {
         eprintln!("There is no down migration: take a backup first ({backup}).");
     }
-    let question = format!("Convert {} from 0.1 to 0.2 in place?", ns.place());
+    let question = format!(
+        "Convert {} from 0.1 to 0.2 in place{}?",
+        ns.place(),
+        if args.online { ", online" } else { "" }
+    );
     if !confirm(&question, args.yes)? {
         return Ok(None);
     }
@@ -195,7 +217,9 @@ async fn convert(
             plan.steps[at.step - 1].name
         ));
     };
-    let outcome = store.upgrade(args.force, &progress).await;
+    let outcome = store
+        .upgrade(args.conversion(), args.force, &progress)
+        .await;
     bar.finish_and_clear();
     Ok(Some(outcome?))
 }

@@ -119,18 +119,23 @@ impl Schema for AnyStore {
     async fn schema_status(&self) -> Result<SchemaStatus> {
         on_engine!(self, s => s.schema_status().await)
     }
+
+    async fn version_status(&self) -> Result<SchemaStatus> {
+        on_engine!(self, s => s.version_status().await)
+    }
     async fn setup(&self, force: bool) -> Result<SetupOutcome> {
         on_engine!(self, s => s.setup(force).await)
     }
-    async fn upgrade_plan(&self) -> Result<UpgradePlan> {
-        on_engine!(self, s => s.upgrade_plan().await)
+    async fn upgrade_plan(&self, how: Conversion) -> Result<UpgradePlan> {
+        on_engine!(self, s => s.upgrade_plan(how).await)
     }
     async fn upgrade(
         &self,
+        how: Conversion,
         force: bool,
         progress: &(dyn Fn(UpgradeProgress) + Sync),
     ) -> Result<SetupOutcome> {
-        on_engine!(self, s => s.upgrade(force, progress).await)
+        on_engine!(self, s => s.upgrade(how, force, progress).await)
     }
 }
 

@@ -30,8 +30,8 @@ pub use ident::Namespace;
 pub use options::StoreOptions;
 pub use retention::purge;
 pub use status::{
-    ForeignIndex, LiveLeases, Locks, SchemaStatus, SetupOutcome, UpgradeCounts, UpgradePlan,
-    UpgradeProgress, UpgradeStep, SCHEMA_VERSION,
+    Conversion, ForeignIndex, LiveLeases, Locks, SchemaStatus, SetupOutcome, UpgradeCounts,
+    UpgradePlan, UpgradeProgress, UpgradeStep, SCHEMA_VERSION,
 };
 pub use types::*;
 pub use wake::{WakeUp, WakeUps};
@@ -67,7 +67,7 @@ pub trait Store:
     /// Fails with the error a command should show unless the schema is current.
     fn require_current(&self) -> impl Future<Output = Result<()>> + Send {
         async move {
-            match self.schema_status().await?.error(self.namespace()) {
+            match self.version_status().await?.error(self.namespace()) {
                 None => Ok(()),
                 Some(e) => Err(e),
             }
@@ -80,20 +80,28 @@ pub trait Store:
 
 /// Installing, detecting and converting the schema.
 pub trait Schema: Send + Sync + 'static {
-    /// The installed schema version, read without writing anything.
+    /// The installed schema, read without writing anything: the catalog, the version, and on
+    /// MongoDB the documents, which an install applied over a 0.1 store leaves unconverted
+    /// (read through, so only `setup`, `upgrade` and `doctor` ask).
     fn schema_status(&self) -> impl Future<Output = Result<SchemaStatus>> + Send;
+
+    /// What every other command checks before it works: the catalog and the version alone.
+    fn version_status(&self) -> impl Future<Output = Result<SchemaStatus>> + Send {
+        self.schema_status()
+    }
 
     /// Installs or converts in place, under the store's setup lock. Refuses a 0.1 store with
     /// live leases unless `force`.
     fn setup(&self, force: bool) -> impl Future<Output = Result<SetupOutcome>> + Send;
 
     /// What `upgrade` would do, read without writing anything.
-    fn upgrade_plan(&self) -> impl Future<Output = Result<UpgradePlan>> + Send;
+    fn upgrade_plan(&self, how: Conversion) -> impl Future<Output = Result<UpgradePlan>> + Send;
 
     /// Runs the 0.1 -> 0.2 conversion atomically, reporting each step as it starts (step, its
     /// number from 1, how many). On a store that is not at 0.1 it changes nothing.
     fn upgrade(
         &self,
+        how: Conversion,
         force: bool,
         progress: &(dyn Fn(UpgradeProgress) + Sync),
     ) -> impl Future<Output = Result<SetupOutcome>> + Send;

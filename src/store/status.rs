@@ -103,6 +103,18 @@ impl LiveLeases {
     }
 }
 
+/// How the 0.1 -> 0.2 conversion runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Conversion {
+    /// One transaction holding the tables throughout: the shortest conversion, during which
+    /// the application waits.
+    Offline,
+    /// Short batches while the tables stay writable; the locks it takes are held for catalog
+    /// changes only. On MongoDB every conversion is this one.
+    Online,
+}
+
 /// One step of the 0.1 -> 0.2 conversion, as planned.
 #[derive(Clone, Debug, Serialize)]
 pub struct UpgradeStep {

@@ -397,13 +397,15 @@ pub fn wait_in_flight(s: &TestSchema, n: i64) {
 pub fn upgrade_reports(store: &relaybus::store::AnyStore) -> Vec<(usize, Vec<u64>)> {
     use relaybus::store::prelude::*;
     let reports = std::sync::Mutex::new(Vec::<(usize, Vec<u64>)>::new());
-    block_on(store.upgrade(false, &|at| {
-        let mut reports = reports.lock().unwrap();
-        match reports.last_mut() {
-            Some((step, rows)) if *step == at.step => rows.push(at.rows),
-            _ => reports.push((at.step, vec![at.rows])),
-        }
-    }))
+    block_on(
+        store.upgrade(relaybus::store::Conversion::Offline, false, &|at| {
+            let mut reports = reports.lock().unwrap();
+            match reports.last_mut() {
+                Some((step, rows)) if *step == at.step => rows.push(at.rows),
+                _ => reports.push((at.step, vec![at.rows])),
+            }
+        }),
+    )
     .unwrap();
     reports.into_inner().unwrap()
 }

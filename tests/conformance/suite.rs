@@ -6,9 +6,9 @@ use std::time::Duration;
 use relaybus::store::lane::lane_of;
 use relaybus::store::prelude::*;
 use relaybus::store::{
-    purge, ClaimRequest, ClaimedDelivery, DeliveryFilter, DeliveryRow, DeliveryStatus, EventLimits,
-    FailOutcome, Failure, LeaseToken, LiveLeases, NewEvent, PublishedDelivery, PurgeCounts,
-    PurgeOptions, RequeueSelector, SchemaStatus, StoreError,
+    purge, ClaimRequest, ClaimedDelivery, Conversion, DeliveryFilter, DeliveryRow, DeliveryStatus,
+    EventLimits, FailOutcome, Failure, LeaseToken, LiveLeases, NewEvent, PublishedDelivery,
+    PurgeCounts, PurgeOptions, RequeueSelector, SchemaStatus, StoreError,
 };
 use serde_json::json;
 
@@ -118,12 +118,14 @@ pub(crate) async fn setup_installs_once_and_reports_what_it_found<S: Store>(s: &
         (SchemaStatus::Current, SchemaStatus::Current)
     );
     s.require_current().await.unwrap();
-    let plan = s.upgrade_plan().await.unwrap();
+    let plan = s.upgrade_plan(Conversion::Offline).await.unwrap();
     assert_eq!(plan.found, SchemaStatus::Current);
     assert!(plan.steps.is_empty());
     assert_eq!(plan.live_leases, LiveLeases::default());
     let upgraded = s
-        .upgrade(false, &|_| panic!("no step runs on a current store"))
+        .upgrade(Conversion::Offline, false, &|_| {
+            panic!("no step runs on a current store")
+        })
         .await
         .unwrap();
     assert_eq!(

@@ -3,6 +3,7 @@
 --   drop      a 0.1 index 0.2 does not keep, found by its 0.1 name or by its 0.1 definition
 --             under another name; a 0.2 index under another name (a copy); an index of a 0.2
 --             name with another definition
+--   invalid   an index of a 0.2 name that an interrupted concurrent build left invalid
 --   create    a 0.2 index that is missing or is dropped here
 --   foreign   any other index of a relaybus table: the application's, kept and never dropped
 --   blocking  a foreign index that names a 0.1 lease column or the 0.1 status `processing`:
@@ -41,7 +42,7 @@ WITH wanted (name, tbl, is_unique, def) AS (VALUES
 ), present AS (
   SELECT c.relname::text AS name, t.relname::text AS tbl, i.indisunique AS is_unique,
          substring(pg_get_indexdef(i.indexrelid) from ' USING (.*)$') AS def,
-         pg_get_indexdef(i.indexrelid) AS statement
+         pg_get_indexdef(i.indexrelid) AS statement, i.indisvalid AS valid
     FROM pg_index i
     JOIN pg_class c ON c.oid = i.indexrelid
     JOIN pg_class t ON t.oid = i.indrelid
@@ -53,6 +54,7 @@ WITH wanted (name, tbl, is_unique, def) AS (VALUES
 ), classified AS (
   SELECT p.*,
          CASE
+           WHEN p.name IN (SELECT name FROM wanted) AND NOT p.valid THEN 'invalid'
            WHEN p.name IN (SELECT name FROM wanted) THEN
              CASE WHEN (p.tbl, p.is_unique, p.def) IN (SELECT tbl, is_unique, def FROM wanted)
                   THEN 'keep' ELSE 'drop' END
@@ -68,6 +70,6 @@ WITH wanted (name, tbl, is_unique, def) AS (VALUES
 SELECT name, action, statement FROM classified WHERE action <> 'keep'
 UNION ALL
 SELECT w.name, 'create', NULL FROM wanted w
- WHERE w.name IN (SELECT name FROM classified WHERE action = 'drop')
+ WHERE w.name IN (SELECT name FROM classified WHERE action IN ('drop', 'invalid'))
     OR NOT EXISTS (SELECT 1 FROM present p WHERE p.name = w.name)
  ORDER BY 2 DESC, 1

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use tokio_postgres::GenericClient;
 
 use super::conn::db;
-use super::schema::install_script;
+use super::schema::{index_statement, install_script};
 use super::PgStore;
 use crate::store::doctor::Check;
 use crate::store::{Doctor, Namespace, Result, SCHEMA_VERSION};
@@ -71,26 +71,6 @@ fn statements_of(script: &str, ns: &Namespace, table: &str) -> String {
         }
     }
     out
-}
-
-/// The statement of a rendered script that creates the index `name`.
-fn index_statement(script: &str, name: &str) -> Option<String> {
-    let quoted = format!("\"{name}\"");
-    let mut statement = String::new();
-    for line in script.lines() {
-        if statement.is_empty() && !line.starts_with("CREATE") {
-            continue;
-        }
-        statement.push_str(line);
-        statement.push('\n');
-        if line.trim_end().ends_with(';') {
-            if statement.contains("INDEX") && statement.contains(&quoted) {
-                return Some(statement);
-            }
-            statement.clear();
-        }
-    }
-    None
 }
 
 /// The tables of a schema: their columns, and their storage parameters.

@@ -132,6 +132,8 @@ statements! {
     may_create => "schema/may_create",
     foreign_objects => "schema/foreign_objects",
     index_drift => "schema/index_drift",
+    online_events => "online/events_batch",
+    online_deliveries => "online/deliveries_batch",
     live_leases_0_1 => "schema/live_leases_0_1",
     counts_0_1 => "schema/counts_0_1",
     existing_objects => "schema/existing_objects",

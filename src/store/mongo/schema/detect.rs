@@ -83,24 +83,47 @@ impl MongoStore {
         Ok(found.and_then(|d| d.get_str("version").ok().map(str::to_owned)))
     }
 
-    /// A 0.1 store: deliveries without a lane, or a 0.1 index.
+    /// A 0.1 store, or what is left of one: deliveries without a lane, events without
+    /// handlers, or a 0.1 index. No index covers the first two, so on a converted store this
+    /// reads both collections through.
     pub(in crate::store::mongo) async fn is_0_1(&self, existing: &[String]) -> Result<bool> {
         if !existing.iter().any(|e| e == DELIVERIES) {
             return Ok(false);
         }
-        let unconverted = self
-            .coll(DELIVERIES)
-            .await?
-            .find_one(doc! { "laneId": { "$exists": false } })
-            .projection(doc! { "_id": 1 })
-            .await
-            .map_err(self.conn.error("could not read the deliveries"))?;
-        let old_index = self
-            .indexes_of(DELIVERIES)
-            .await?
-            .iter()
-            .any(|f| retired().iter().any(|r| same_keys(r, &f.keys)));
-        Ok(unconverted.is_some() || old_index)
+        let unconverted = |c, field: &'static str| async move {
+            if !existing.iter().any(|e| e == c) {
+                return Ok(false);
+            }
+            Ok(self
+                .coll(c)
+                .await?
+                .find_one(doc! { field: { "$exists": false } })
+                .projection(doc! { "_id": 1 })
+                .await
+                .map_err(self.conn.error(format!("could not read the {c}")))?
+                .is_some())
+        };
+        Ok(unconverted(DELIVERIES, "laneId").await?
+            || unconverted(EVENTS, "handlers").await?
+            || self
+                .indexes_of(DELIVERIES)
+                .await?
+                .iter()
+                .any(|f| retired().iter().any(|r| same_keys(r, &f.keys))))
+    }
+
+    /// `detect`, and then a store that records 0.2 over documents 0.2 never wrote (an install
+    /// applied over a 0.1 store) is 0.1, so that it is converted. `setup`, `upgrade` and
+    /// `doctor` look; the check every other command makes does not, since it reads the
+    /// deliveries and events through.
+    pub(in crate::store::mongo) async fn detect_thoroughly(&self) -> Result<SchemaStatus> {
+        let found = self.detect().await?;
+        if matches!(found, SchemaStatus::Current | SchemaStatus::Incomplete)
+            && self.is_0_1(&self.existing().await?).await?
+        {
+            return Ok(SchemaStatus::V01);
+        }
+        Ok(found)
     }
 
     pub(in crate::store::mongo) async fn detect(&self) -> Result<SchemaStatus> {

@@ -16,7 +16,7 @@ mod mongosh;
 
 use super::MongoStore;
 use crate::store::{
-    Locks, Result, Schema, SchemaStatus, SetupOutcome, UpgradePlan, UpgradeProgress,
+    Conversion, Locks, Result, Schema, SchemaStatus, SetupOutcome, UpgradePlan, UpgradeProgress,
 };
 
 pub(super) use detect::VERSION_ID;
@@ -26,6 +26,10 @@ pub(super) use mongosh::{collection_js, js};
 
 impl Schema for MongoStore {
     async fn schema_status(&self) -> Result<SchemaStatus> {
+        self.detect_thoroughly().await
+    }
+
+    async fn version_status(&self) -> Result<SchemaStatus> {
         self.detect().await
     }
 
@@ -34,7 +38,7 @@ impl Schema for MongoStore {
         self.refuse(force).await?;
         let lock = self.lock().await?;
         let result = async {
-            let before = self.detect().await?;
+            let before = self.detect_thoroughly().await?;
             match &before {
                 SchemaStatus::Current => {}
                 SchemaStatus::Newer { .. } => {
@@ -53,7 +57,7 @@ impl Schema for MongoStore {
             }
             Ok(SetupOutcome {
                 before,
-                after: self.detect().await?,
+                after: self.detect_thoroughly().await?,
             })
         }
         .await;
@@ -61,8 +65,9 @@ impl Schema for MongoStore {
         result
     }
 
-    async fn upgrade_plan(&self) -> Result<UpgradePlan> {
-        let found = self.detect().await?;
+    /// Every MongoDB conversion is online: batches, no lock on the collections.
+    async fn upgrade_plan(&self, _: Conversion) -> Result<UpgradePlan> {
+        let found = self.detect_thoroughly().await?;
         if found != SchemaStatus::V01 {
             return Ok(UpgradePlan::nothing_due(found));
         }
@@ -83,15 +88,16 @@ impl Schema for MongoStore {
 
     async fn upgrade(
         &self,
+        _: Conversion,
         force: bool,
         progress: &(dyn Fn(UpgradeProgress) + Sync),
     ) -> Result<SetupOutcome> {
-        if self.detect().await? == SchemaStatus::V01 {
+        if self.detect_thoroughly().await? == SchemaStatus::V01 {
             self.refuse(force).await?;
         }
         let lock = self.lock().await?;
         let result = async {
-            let before = self.detect().await?;
+            let before = self.detect_thoroughly().await?;
             if before != SchemaStatus::V01 {
                 return Ok(SetupOutcome {
                     after: before.clone(),
@@ -102,7 +108,7 @@ impl Schema for MongoStore {
             self.convert(progress).await?;
             Ok(SetupOutcome {
                 before,
-                after: self.detect().await?,
+                after: self.detect_thoroughly().await?,
             })
         }
         .await;

@@ -7,10 +7,12 @@ use tokio_postgres::{Client, GenericClient, Transaction};
 use super::super::conn::db;
 use super::super::PgStore;
 use super::locks::setup_lock_key;
+use super::online::{online_locks, online_steps};
 use super::render::{conversion_steps, names_after, render, script, INSTALL, PRELUDE};
 use crate::store::{
-    ForeignIndex, LiveLeases, Locks, Namespace, Result, Schema, SchemaStatus, Script, SetupOutcome,
-    StoreError, UpgradeCounts, UpgradePlan, UpgradeProgress, UpgradeStep, SCHEMA_VERSION,
+    Conversion, ForeignIndex, LiveLeases, Locks, Namespace, Result, Schema, SchemaStatus, Script,
+    SetupOutcome, StoreError, UpgradeCounts, UpgradePlan, UpgradeProgress, UpgradeStep,
+    SCHEMA_VERSION,
 };
 
 /// Setup, the conversion and its plan read and rewrite whole tables, for which a sequential
@@ -97,7 +99,7 @@ impl PgStore {
     }
 
     /// Refuses to install over objects of the relaybus names that are not relaybus's.
-    async fn refuse_foreign_objects(&self, client: &impl GenericClient) -> Result<()> {
+    pub(super) async fn refuse_foreign_objects(&self, client: &impl GenericClient) -> Result<()> {
         let found: Vec<String> = client
             .query_typed(&self.sql.foreign_objects.text, &[])
             .await
@@ -134,6 +136,10 @@ impl PgStore {
             let name: String = row.get(0);
             match row.get::<_, &str>(1) {
                 "drop" => drift.dropped.push(name),
+                "invalid" => {
+                    drift.invalid.push(name.clone());
+                    drift.dropped.push(name);
+                }
                 "create" => drift.created.push(name),
                 action => drift.foreign.push(ForeignIndex {
                     drop_statement: format!("DROP INDEX {};", self.ns.qualified(&name)),
@@ -155,7 +161,7 @@ impl PgStore {
             .get(0))
     }
 
-    async fn live_leases(&self, client: &impl GenericClient) -> Result<LiveLeases> {
+    pub(super) async fn live_leases(&self, client: &impl GenericClient) -> Result<LiveLeases> {
         let row = client
             .query_typed_one(&self.sql.live_leases_0_1.text, &[])
             .await
@@ -307,6 +313,8 @@ pub(in crate::store::postgres) struct IndexDrift {
     pub(in crate::store::postgres) dropped: Vec<String>,
     /// 0.2 indexes the install creates.
     pub(in crate::store::postgres) created: Vec<String>,
+    /// 0.2 indexes an interrupted concurrent build left invalid (in `dropped` too).
+    pub(in crate::store::postgres) invalid: Vec<String>,
     /// The application's indexes, which relaybus keeps.
     pub(in crate::store::postgres) foreign: Vec<ForeignIndex>,
 }
@@ -356,7 +364,7 @@ impl Schema for PgStore {
         }
     }
 
-    async fn upgrade_plan(&self) -> Result<UpgradePlan> {
+    async fn upgrade_plan(&self, how: Conversion) -> Result<UpgradePlan> {
         let mut conn = self.pool.get().await?;
         let tx = conn
             .client
@@ -385,11 +393,20 @@ impl Schema for PgStore {
             dead: row.get(5),
         };
         let live_leases = self.live_leases(&tx).await?;
-        let steps = self.plan_steps(&tx, &counts).await?;
+        let (steps, locks) = match how {
+            Conversion::Offline => (
+                self.plan_steps(&tx, &counts).await?,
+                conversion_locks(&self.ns, &counts),
+            ),
+            Conversion::Online => (
+                online_steps(&self.ns, &counts, &self.index_drift(&tx).await?),
+                online_locks(&self.ns),
+            ),
+        };
         Ok(UpgradePlan {
             found,
             steps,
-            locks: conversion_locks(&self.ns, &counts),
+            locks,
             counts,
             live_leases,
             foreign_indexes: self.index_drift(&tx).await?.foreign,
@@ -398,10 +415,15 @@ impl Schema for PgStore {
 
     async fn upgrade(
         &self,
+        how: Conversion,
         force: bool,
         progress: &(dyn Fn(UpgradeProgress) + Sync),
     ) -> Result<SetupOutcome> {
-        match self.upgrade_locked(force, progress).await {
+        let upgraded = match how {
+            Conversion::Offline => self.upgrade_locked(force, progress).await,
+            Conversion::Online => self.upgrade_online(force, progress).await,
+        };
+        match upgraded {
             Err(e) => Err(self.explain_lock_timeout(e).await),
             ok => ok,
         }

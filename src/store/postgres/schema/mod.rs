@@ -5,8 +5,9 @@
 
 mod locks;
 mod migrate;
+mod online;
 mod render;
 
 pub(super) use locks::blocking_session;
-pub(super) use render::install_script;
 pub(crate) use render::script;
+pub(super) use render::{index_statement, install_script};

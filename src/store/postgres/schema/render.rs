@@ -10,10 +10,17 @@ pub(super) const INSTALL: &str = include_str!("../../../../sql/postgres/20_insta
 const GRANTS: &str = include_str!("../../../../sql/postgres/grants.sql");
 const INDEX_DRIFT: &str = include_str!("../../../../sql/postgres/schema/index_drift.sql");
 
+const ONLINE_CLEANUP: &str = include_str!("../../../../sql/postgres/online/cleanup.sql");
+
 /// A schema script for a namespace, with the index drift query spliced in where the conversion
-/// and the install loop over what it finds.
+/// and the install loop over what it finds, and the online conversion's cleanup where both
+/// conversions end.
 pub(super) fn render(ns: &Namespace, source: &str) -> String {
-    ns.render(&source.replace("{{index_drift}}", INDEX_DRIFT.trim_end()))
+    ns.render(
+        &source
+            .replace("{{index_drift}}", INDEX_DRIFT.trim_end())
+            .replace("{{online_cleanup}}", ONLINE_CLEANUP.trim_end()),
+    )
 }
 
 fn header(ns: &Namespace, what: &str) -> String {
@@ -116,6 +123,26 @@ pub(super) fn conversion_steps(ns: &Namespace) -> Vec<ScriptStep> {
     steps
 }
 
+/// The statement of a rendered script that creates the index `name`.
+pub(in crate::store::postgres) fn index_statement(script: &str, name: &str) -> Option<String> {
+    let quoted = format!("\"{name}\"");
+    let mut statement = String::new();
+    for line in script.lines() {
+        if statement.is_empty() && !line.starts_with("CREATE") {
+            continue;
+        }
+        statement.push_str(line);
+        statement.push('\n');
+        if line.trim_end().ends_with(';') {
+            if statement.contains("INDEX") && statement.contains(&quoted) {
+                return Some(statement);
+            }
+            statement.clear();
+        }
+    }
+    None
+}
+
 /// Object names a script creates or drops, read from its own text.
 pub(super) fn names_after(script: &str, marker: &str) -> Vec<String> {
     script
@@ -137,6 +164,7 @@ mod tests {
             names,
             [
                 "prelude",
+                "check-indexes",
                 "events-handlers",
                 "deliveries-lanes",
                 "lease-columns",
