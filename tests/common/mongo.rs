@@ -158,7 +158,7 @@ pub fn try_mongosh(script: &str) -> (bool, String) {
 }
 
 /// A MongoDB wire server of its own, for tests that need one the shared server is not: a
-/// standalone server, or one that requires authentication. SecantusDB from `.venv-mongo`
+/// standalone server, one that requires authentication, or one no other test loads. SecantusDB from `.venv-mongo`
 /// (RELAYBUS_TEST_SECANTUSD names another), on a free port, stopped and removed when dropped.
 pub struct OwnServer {
     pub port: u16,
