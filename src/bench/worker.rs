@@ -142,27 +142,41 @@ pub async fn run(plan: WorkerPlan) -> Result<WorkerReport, Error> {
     let ns = Namespace::new(&t.schema, &t.prefix)?;
     let store = crate::store::open(t.database_url.as_deref(), ns, options)?;
     match plan.role {
-        Role::Publish => publish(store, plan).await,
+        Role::Publish => publish(store, plan, false).await,
         Role::MixedPublish => mixed_publish(store, plan).await,
         Role::Dispatch => dispatch_worker(store, plan).await,
-        Role::FloorPublish => floor_publish(store, plan).await,
+        Role::FloorPublish => publish(store, plan, true).await,
         Role::FloorDispatch => floor_dispatch(store, plan).await,
     }
 }
 
-/// Publishes batches back to back until the window ends.
-async fn publish(store: AnyStore, plan: WorkerPlan) -> Result<WorkerReport, Error> {
+/// Publishes batches back to back until the window ends: through `publish`, or for the floor
+/// the same rows written by the plainest statement, one multi-row insert of events and
+/// deliveries per batch.
+async fn publish(store: AnyStore, plan: WorkerPlan, floor: bool) -> Result<WorkerReport, Error> {
     let w = plan.window();
     let mut r = WorkerReport::default();
+    let prefix = if floor { "f" } else { "p" };
     plan.wait_for_start().await;
     let mut n = 0u64;
     while now_us() < w.end_us {
         let batch: Vec<NewEvent> = (n..n + u64::from(plan.batch))
-            .map(|i| event(format!("p{}-{i}", plan.index), i, plan.handlers, plan.keys))
+            .map(|i| {
+                event(
+                    format!("{prefix}{}-{i}", plan.index),
+                    i,
+                    plan.handlers,
+                    plan.keys,
+                )
+            })
             .collect();
         n += u64::from(plan.batch);
         let t0 = now_us();
-        store.publish(&batch).await?;
+        if floor {
+            store.floor_publish(&batch).await?;
+        } else {
+            store.publish(&batch).await?;
+        }
         let t1 = now_us();
         r.units_total += batch.len() as u64;
         if t1 >= w.start_us && t1 < w.end_us {
@@ -170,7 +184,12 @@ async fn publish(store: AnyStore, plan: WorkerPlan) -> Result<WorkerReport, Erro
             r.latencies_us.push(t1 - t0);
         }
     }
-    Ok(report(&store, r))
+    if !floor {
+        return Ok(report(&store, r));
+    }
+    r.statements = r.units_total / u64::from(plan.batch.max(1));
+    r.parses = 1;
+    Ok(r)
 }
 
 /// Publishes one event per transaction at a fixed rate and records each commit time, and
@@ -289,32 +308,6 @@ async fn dispatch_worker(store: AnyStore, plan: WorkerPlan) -> Result<WorkerRepo
         f.flush()?;
     }
     Ok(report(&store, r))
-}
-
-/// The same rows as a publish, written by the plainest statement: one multi-row insert of
-/// events and deliveries per batch.
-async fn floor_publish(store: AnyStore, plan: WorkerPlan) -> Result<WorkerReport, Error> {
-    let w = plan.window();
-    let mut r = WorkerReport::default();
-    plan.wait_for_start().await;
-    let mut n = 0u64;
-    while now_us() < w.end_us {
-        let events: Vec<NewEvent> = (n..n + u64::from(plan.batch))
-            .map(|i| event(format!("f{}-{i}", plan.index), i, plan.handlers, plan.keys))
-            .collect();
-        n += u64::from(plan.batch);
-        let t0 = now_us();
-        store.floor_publish(&events).await?;
-        let t1 = now_us();
-        r.units_total += events.len() as u64;
-        if t1 >= w.start_us && t1 < w.end_us {
-            r.units_window += events.len() as u64;
-            r.latencies_us.push(t1 - t0);
-        }
-    }
-    r.statements = r.units_total / u64::from(plan.batch.max(1));
-    r.parses = 1;
-    Ok(r)
 }
 
 /// The same deliveries deleted by the plainest statement: a batch picked with SKIP LOCKED.

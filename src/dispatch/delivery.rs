@@ -92,20 +92,33 @@ pub(super) async fn run<S: Store>(
     // delivery stays in its lane's in-flight list until it is deleted or rescheduled, so the
     // claim cannot pick it again.
     drop(slot);
+    conclude(ctx, spec, &delivery, outcome, running, &mut cancel).await;
+    None
+}
+
+/// Records a handler's outcome: a completion joins the completer's next statement, anything else
+/// is recorded as a failure on its own.
+async fn conclude<S: Store>(
+    ctx: &Context<S>,
+    spec: &HandlerSpec,
+    delivery: &ClaimedDelivery,
+    outcome: Outcome,
+    running: RunningGuard,
+    cancel: &mut watch::Receiver<bool>,
+) {
     if outcome == Outcome::Completed {
         let pending = ctx.completer.submit(delivery.token.clone());
         drop(running);
         match pending.verdict().await {
             Ok(true) => ctx.reporter.ended(Ended::Handled, &delivery.handler),
-            Ok(false) => lease_lost(ctx, &delivery),
-            Err(e) => stopped_unrecorded(&delivery, "completion", &e),
+            Ok(false) => lease_lost(ctx, delivery),
+            Err(e) => stopped_unrecorded(delivery, "completion", &e),
         }
-        return None;
+        return;
     }
     drop(running);
-    let (failure, error) = failure(ctx, spec, &delivery, outcome);
-    record(ctx, &delivery, failure, error, &mut cancel).await;
-    None
+    let (failure, error) = failure(ctx, spec, delivery, outcome);
+    record(ctx, delivery, failure, error, cancel).await;
 }
 
 /// A statement handler's run: the statement and the completion in one transaction, retried

@@ -132,6 +132,10 @@ const ENDED: [(&str, &str); 5] = [
     ),
 ];
 
+const CLAIM_SIZES: [f64; 11] = [
+    0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0,
+];
+
 fn registered<M: Metric + Clone>(r: &mut Registry, name: &str, help: &str, metric: M) -> M {
     r.register(name, help, metric.clone());
     metric
@@ -145,16 +149,9 @@ fn in_seconds<M: Metric + Clone>(r: &mut Registry, name: &str, help: &str, metri
 impl Metrics {
     pub fn new(enabled: bool) -> Self {
         let mut r = Registry::with_prefix("relaybus");
-        let ended: [Family<HandlerLabel, Counter>; 5] = Default::default();
-        for (family, (name, help)) in ended.iter().zip(ENDED) {
-            r.register(name, help, family.clone());
-        }
-        let claim_sizes = [
-            0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0,
-        ];
         Self {
             enabled,
-            ended,
+            ended: ENDED.map(|(name, help)| registered(&mut r, name, help, Family::default())),
             in_flight: registered(
                 &mut r,
                 "deliveries_in_flight",
@@ -166,7 +163,7 @@ impl Metrics {
                 &mut r,
                 "claim_size",
                 "Deliveries per claim",
-                Histogram::new(claim_sizes),
+                Histogram::new(CLAIM_SIZES),
             ),
             claim_duration: in_seconds(&mut r, "claim_duration", "Time a claim took", seconds()),
             completion_duration: in_seconds(
