@@ -87,9 +87,9 @@ impl Controls {
                 Admit::Hold(wait.max(PROBE_WAIT))
             }
             Breaker::ProbeDue => {
-                match store
-                    .change_controls(handler, &|c| c.take_probe(Utc::now()))
-                    .await
+                // Boxed, as is the write in `attempted`: every delivery's task would otherwise
+                // carry the store's future, copied at each spawn, for a write that is rare.
+                match Box::pin(store.change_controls(handler, &|c| c.take_probe(Utc::now()))).await
                 {
                     Ok(Some(c)) => {
                         self.view().insert(handler.to_owned(), c);
@@ -140,7 +140,7 @@ impl Controls {
                 c.succeeded()
             }
         };
-        match store.change_controls(handler, &change).await {
+        match Box::pin(store.change_controls(handler, &change)).await {
             Ok(Some(c)) => {
                 if opened.load(Ordering::Relaxed) {
                     let cooldown = crate::store::controls::cooldown(c.opened);
