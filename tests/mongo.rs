@@ -11,7 +11,9 @@ use relaybus::store::prelude::*;
 use relaybus::store::{ClaimRequest, EventLimits, NewEvent, StoreOptions};
 use serde_json::{json, Value};
 
-use crate::common::drain::three_workers_drain_exactly_once;
+use crate::common::drain::{
+    a_dead_worker_s_lane_with_nothing_due_is_let_go, three_workers_drain_exactly_once,
+};
 use crate::common::http::serve;
 use crate::common::mongo::{mongo_url, OwnServer, TestMongo};
 use crate::common::{
@@ -251,6 +253,17 @@ fn publish(m: &TestMongo, events: &[Value]) {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn a_dead_worker_s_lane_with_nothing_due_is_taken_over_by_a_running_worker() {
+    let m = TestMongo::installed("mongo_dead_lane");
+    let dead = m.store(StoreOptions::worker(1));
+    a_dead_worker_s_lane_with_nothing_due_is_let_go(
+        &|events| publish(&m, events),
+        &dead,
+        &|args| spawn_worker(&m, args),
+    );
 }
 
 #[test]

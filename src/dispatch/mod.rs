@@ -91,6 +91,10 @@ const CLAIM_LINGER: Duration = Duration::from_millis(2);
 /// claim that found work, an empty claim is followed by another after BUSY_POLL instead of
 /// waiting for a wake-up; an idle worker polls at --poll-interval.
 const BUSY_POLL: Duration = Duration::from_millis(2);
+/// How often a stream's claim names no held lanes, so that the store finds them by owner: the
+/// stream's view and the lane rows meet again, and PostgreSQL looks for lanes a dead worker left
+/// with deliveries in flight and nothing due (other claims look only where work is due).
+const CENSUS_EVERY: Duration = Duration::from_secs(1);
 /// How long handing the lanes back at the end may take before they are left to expire.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -194,6 +198,8 @@ struct Claimer {
     /// The lanes this stream holds, as its last claim reported them: the next claim reads only
     /// those of its own. Unknown at first and after a failed claim.
     held: Option<Vec<i16>>,
+    /// When a claim last found the stream's lanes by owner (`CENSUS_EVERY`).
+    census_at: Instant,
 }
 
 impl<S: Store> Dispatcher<S> {
@@ -423,6 +429,7 @@ impl Claimer {
             keys_held: false,
             running: Arc::default(),
             held: None,
+            census_at: Instant::now(),
         }
     }
 
@@ -532,6 +539,10 @@ impl Claimer {
         }
         request.outstanding = shared.ctx.outstanding.ids();
         request.held = self.held.take();
+        if request.held.is_none() || self.census_at.elapsed() >= CENSUS_EVERY {
+            request.held = None;
+            self.census_at = Instant::now();
+        }
         Some(request)
     }
 

@@ -279,8 +279,10 @@ pub struct ClaimRequest {
     /// The lanes this claim holds and takes: a worker's claim streams each keep to their own.
     pub lanes: LaneShare,
     /// The lanes of the share this worker holds, as the previous claim reported them
-    /// (`ClaimStats::held`), so that the store reads only those; `None` (the first claim, or
-    /// one after a failure, whose outcome is unknown) makes it find them by owner.
+    /// (`ClaimStats::held`), so that the store reads only those; `None` (the first claim, one
+    /// after a failure, whose outcome is unknown, and one a second) makes it find them by owner,
+    /// and take over the lanes a dead worker left with deliveries in flight and nothing due,
+    /// which PostgreSQL looks for only then.
     pub held: Option<Vec<i16>>,
 }
 

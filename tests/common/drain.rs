@@ -89,3 +89,50 @@ pub fn three_workers_drain_exactly_once(
     assert_eq!(seen.len(), 2 * events);
     assert!(seen.values().all(|&c| c == 1));
 }
+
+/// A worker died after its deliveries were done: its lane's lease expires with their ids still
+/// listed in flight and nothing due in it. A worker that is running (its claims name the lanes
+/// they hold, and look for new ones only where work is due) takes the lane over within seconds
+/// and hands it back, so no lane stays held by a dead worker's expired lease. `publish` writes
+/// events, `dead` is a store of the dead worker's, `worker` starts `run`.
+pub fn a_dead_worker_s_lane_with_nothing_due_is_let_go(
+    publish: &dyn Fn(&[Value]),
+    dead: &relaybus::store::AnyStore,
+    worker: &dyn Fn(&[&str]) -> Spawned,
+) {
+    use relaybus::store::prelude::*;
+    let w = worker(&[
+        "--handler",
+        "h",
+        "--exec",
+        "cat >/dev/null",
+        "--poll-interval",
+        "100ms",
+    ]);
+    let held_by = |owner: &str| -> Vec<i16> {
+        super::block_on(dead.lanes())
+            .unwrap()
+            .into_iter()
+            .filter(|l| l.owner.as_deref() == Some(owner))
+            .map(|l| l.lane)
+            .collect()
+    };
+    // The running worker serves `h` only; the dead one ran `other`.
+    publish(&[json!({"id": "e1", "type": "t", "handlers": ["other"]})]);
+    let request = relaybus::store::ClaimRequest {
+        lease: Duration::from_millis(300),
+        ..super::claim_request("dead", &["other"])
+    };
+    let claimed = super::block_on(dead.claim(&request)).unwrap().0;
+    assert_eq!(claimed.len(), 1);
+    super::block_on(dead.complete(&[claimed[0].token.clone()], false)).unwrap();
+    assert_eq!(held_by("dead"), [claimed[0].token.lane]);
+    super::wait_until(
+        "the running worker to take the dead worker's lane over",
+        Duration::from_secs(10),
+        || held_by("dead").is_empty(),
+    );
+    super::signal(&w, nix::sys::signal::Signal::SIGTERM);
+    let out = finish(w, Duration::from_secs(30));
+    assert!(out.status.success(), "{}", stderr(&out));
+}

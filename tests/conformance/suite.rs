@@ -706,7 +706,7 @@ pub(crate) async fn a_worker_keeps_its_lanes_past_their_lease_until_another_take
 }
 
 /// A lane whose worker died after its deliveries were done (their ids still listed in flight,
-/// nothing due in the lane) is taken over by the next claim that looks for lanes, charged
+/// nothing due in the lane) is taken over by the next claim that finds its lanes by owner, charged
 /// nothing, and then handed back: no lane stays held by an expired lease.
 pub(crate) async fn an_expired_lane_with_deliveries_in_flight_is_taken_over_whatever_is_due<
     S: Store,

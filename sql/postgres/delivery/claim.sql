@@ -35,23 +35,27 @@ WITH ours AS (
   -- Free or expired lanes of the stream, not this worker's, probed one by one from the $8th
   -- until enough are found: $5, or more when the held lanes lack room for the batch (the last
   -- batch may still be recorded in them). A lane qualifies with due work for these handlers
-  -- (the probe follows the due index's order), or when its lease expired with deliveries in
-  -- flight: a dead worker's lane is taken over, and its deliveries charged, whatever is due.
-  -- Each test is a scalar subquery, so that the probe stops at the limit: as a join, the
-  -- planner sorts and reads every lane. The lane is read once and says which test follows
-  -- (NULL: another's live lease; true: abandoned; false: free), and CASE keeps that order:
-  -- the due probe runs only for free lanes.
+  -- (the probe follows the due index's order). When the claim finds its lanes by owner ($12
+  -- NULL, which a stream does once a second), an expired lane with deliveries in flight
+  -- qualifies too: a dead worker's lane is taken over, and its deliveries charged, whatever is
+  -- due. Each test is a scalar subquery, so that the probe stops at the limit (as a join, the
+  -- planner sorts and reads every lane), and CASE keeps their order: most lanes have nothing
+  -- due, and only the lanes that have are read, but for the sweep's. coalesce makes a miss
+  -- false, which ends the test, where NULL would read on.
   SELECT c.lane FROM (SELECT ($11 + $10 * ((g + $8) % (256 / $10)))::int2 AS lane
                         FROM generate_series(0, 256 / $10 - 1) g) c
    WHERE c.lane NOT IN (SELECT lane FROM ours)
-     AND CASE (SELECT l.lease_owner IS NOT NULL AND cardinality(l.in_flight) > 0
-                 FROM "{{schema}}"."{{prefix}}lanes" l
-                WHERE l.lane = c.lane AND (l.lease_owner IS NULL OR l.lease_expires_at <= now()))
-         WHEN true THEN true
-         WHEN false THEN (SELECT true FROM "{{schema}}"."{{prefix}}deliveries" d
-                           WHERE d.lane = c.lane AND d.status = 'pending'
-                             AND d.available_at <= now() AND d.handler = ANY ($3)
-                           ORDER BY d.available_at LIMIT 1)
+     AND CASE WHEN coalesce((SELECT true FROM "{{schema}}"."{{prefix}}deliveries" d
+                              WHERE d.lane = c.lane AND d.status = 'pending'
+                                AND d.available_at <= now() AND d.handler = ANY ($3)
+                              ORDER BY d.available_at LIMIT 1), false)
+              THEN coalesce((SELECT true FROM "{{schema}}"."{{prefix}}lanes" l
+                              WHERE l.lane = c.lane
+                                AND (l.lease_owner IS NULL OR l.lease_expires_at <= now())), false)
+              ELSE $12 IS NULL
+                   AND coalesce((SELECT true FROM "{{schema}}"."{{prefix}}lanes" l
+                                  WHERE l.lane = c.lane AND l.lease_expires_at <= now()
+                                    AND cardinality(l.in_flight) > 0), false)
          END
    LIMIT greatest($5, (SELECT ceil(($4 - coalesce(sum(room), 0)) / $9::numeric) FROM ours))
 ), taken AS (
