@@ -56,11 +56,12 @@ fn table_stats(s: &TestSchema, table: &str) -> (i64, i64, i64, i64) {
 #[test]
 fn three_workers_handle_3000_deliveries_exactly_once_in_key_order() {
     let s = TestSchema::installed("run_exactly_once");
-    let publish = |events: &[serde_json::Value]| {
-        let lines: Vec<String> = events.iter().map(|e| e.to_string()).collect();
-        publish(&s, &lines);
-    };
-    three_workers_drain_exactly_once(&publish, &|args| spawn_worker(&s, args), 1500, 20);
+    three_workers_drain_exactly_once(
+        &|events| s.publish(events),
+        &|args| spawn_worker(&s, args),
+        1500,
+        20,
+    );
     assert_eq!(
         s.count(&format!("SELECT count(*) FROM {}", s.table("deliveries"))),
         0
@@ -77,12 +78,8 @@ fn three_workers_handle_3000_deliveries_exactly_once_in_key_order() {
 #[test]
 fn a_dead_worker_s_lane_with_nothing_due_is_taken_over_by_a_running_worker() {
     let s = TestSchema::installed("run_dead_lane");
-    let publish = |events: &[serde_json::Value]| {
-        let lines: Vec<String> = events.iter().map(|e| e.to_string()).collect();
-        publish(&s, &lines);
-    };
     let dead = crate::common::open_store(&s, relaybus::store::StoreOptions::worker(1));
-    a_dead_worker_s_lane_with_nothing_due_is_let_go(&publish, &dead, &|args| {
+    a_dead_worker_s_lane_with_nothing_due_is_let_go(&|events| s.publish(events), &dead, &|args| {
         spawn_worker(&s, args)
     });
 }

@@ -184,12 +184,12 @@ async fn publish(store: AnyStore, plan: WorkerPlan, floor: bool) -> Result<Worke
             r.latencies_us.push(t1 - t0);
         }
     }
-    if !floor {
-        return Ok(report(&store, r));
+    if floor {
+        r.statements = r.units_total / u64::from(plan.batch.max(1));
+        r.parses = 1;
+        return Ok(r);
     }
-    r.statements = r.units_total / u64::from(plan.batch.max(1));
-    r.parses = 1;
-    Ok(r)
+    Ok(report(&store, r))
 }
 
 /// Publishes one event per transaction at a fixed rate and records each commit time, and
