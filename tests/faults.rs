@@ -561,13 +561,25 @@ fn read_only_sessions_are_replaced_and_handlers_wait_for_outcomes_to_be_recorded
     };
     let recorded = || total as i64 - count(&cluster, "SELECT count(*) FROM relaybus_deliveries");
     wait_until("100 handled", Duration::from_secs(30), || recorded() >= 100);
+    // With one pool session open, "all but one" would terminate none, and the worker would go
+    // on through a session that stays writable.
+    let pool = "FROM pg_stat_activity WHERE application_name = 'relaybus' \
+                AND query NOT LIKE 'LISTEN%'";
+    wait_until("two pool sessions", Duration::from_secs(10), || {
+        count(&cluster, &format!("SELECT count(*) {pool}")) >= 2
+    });
     let admin = connect(&cluster.url());
-    let sql = "ALTER DATABASE postgres SET default_transaction_read_only = on; \
-               SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                WHERE application_name = 'relaybus' AND query NOT LIKE 'LISTEN%' \
-                  AND pid <> (SELECT min(pid) FROM pg_stat_activity \
-                               WHERE application_name = 'relaybus' AND query NOT LIKE 'LISTEN%')";
-    crate::common::block_on(admin.batch_execute(sql)).unwrap();
+    crate::common::block_on(
+        admin.batch_execute("ALTER DATABASE postgres SET default_transaction_read_only = on"),
+    )
+    .unwrap();
+    let terminate =
+        format!("SELECT pg_terminate_backend(pid) {pool} AND pid <> (SELECT min(pid) {pool})");
+    let terminated = crate::common::block_on(admin.query(&terminate, &[])).unwrap();
+    assert!(
+        !terminated.is_empty(),
+        "no session of the worker was terminated"
+    );
     let mut readyz = None;
     let mut seen = (0, 0);
     wait_until(
