@@ -152,9 +152,8 @@ fn the_happy_path_writes_no_delivery_row_and_hot_lane_updates() {
 /// claim reads only the lanes the claim before reported held: the lanes are scanned by the
 /// first claim of each stream, which finds its lanes by owner, by each stream's census once a
 /// second, and by the hand-back at the end (with a lease of an hour, no renewal falls inside the
-/// run). A lane write (the drain's only
-/// HOT updates) logs its whole in-flight list: 1,031-1,033 bytes a write, 1,261-1,267 while
-/// delivery ids were 36-character UUIDs.
+/// run). A lane write (the drain's only HOT updates) logs its whole in-flight list: 1,031-1,033
+/// bytes a write, 1,261-1,267 while delivery ids were 36-character UUIDs.
 #[test]
 fn a_tuned_drain_keeps_lane_rows_inline_and_within_its_write_budget() {
     let cluster = TestCluster::start_with("-c autovacuum=off");

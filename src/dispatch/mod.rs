@@ -538,9 +538,9 @@ impl Claimer {
             return None;
         }
         request.outstanding = shared.ctx.outstanding.ids();
-        request.held = self.held.take();
-        if request.held.is_none() || self.census_at.elapsed() >= CENSUS_EVERY {
-            request.held = None;
+        let census_due = self.census_at.elapsed() >= CENSUS_EVERY;
+        request.held = self.held.take().filter(|_| !census_due);
+        if request.held.is_none() {
             self.census_at = Instant::now();
         }
         Some(request)
