@@ -150,9 +150,9 @@ fn the_happy_path_writes_no_delivery_row_and_hot_lane_updates() {
 /// that keeps the lanes' old versions on their pages for as long as it runs. With autovacuum on
 /// and two lanes to a page, one update in 449 went to another page in one run of the suite. A
 /// claim reads only the lanes the claim before reported held: the lanes are scanned by the
-/// first claim of each stream, which finds its lanes by owner, by each stream's census once a
-/// second, and by the hand-back at the end (with a lease of an hour, no renewal falls inside the
-/// run). A lane write (the drain's only HOT updates) logs its whole in-flight list: 1,031-1,033
+/// first claim of each stream, which finds its lanes by owner, and by the hand-back at the end
+/// (with a lease of an hour, neither a renewal nor a census, every tenth of the lease, falls
+/// inside the run). A lane write (the drain's only HOT updates) logs its whole in-flight list: 1,031-1,033
 /// bytes a write, 1,261-1,267 while delivery ids were 36-character UUIDs.
 #[test]
 fn a_tuned_drain_keeps_lane_rows_inline_and_within_its_write_budget() {
@@ -174,7 +174,6 @@ fn a_tuned_drain_keeps_lane_rows_inline_and_within_its_write_budget() {
     s.exec("CREATE EXTENSION pg_walinspect");
     let flushed = || -> String { s.query("SELECT pg_current_wal_flush_lsn()::text")[0].get(0) };
     let start = flushed();
-    let started = std::time::Instant::now();
     s.cmd()
         .args(["run", "--handler", "h", "--noop", "--drain"])
         .args(["--concurrency", "200", "--batch-size", "200"])
@@ -183,7 +182,6 @@ fn a_tuned_drain_keeps_lane_rows_inline_and_within_its_write_budget() {
         .assert()
         .success()
         .stdout("handled 4000, failed attempts 0, dead 0, lease lost 0, released 0\n");
-    let censuses = 2 * started.elapsed().as_secs() as i64;
     let lane_write = s.count(&format!(
         "SELECT (sum(record_length - fpi_length) / count(*))::int8 \
            FROM pg_get_wal_records_info('{start}', '{}') WHERE record_type = 'HOT_UPDATE'",
@@ -201,10 +199,7 @@ fn a_tuned_drain_keeps_lane_rows_inline_and_within_its_write_budget() {
     );
     assert_eq!(deliveries, (4000, 0, 0, 4000));
     let scanned = lane_scans() - scans;
-    assert!(
-        (3..=3 + censuses).contains(&scanned),
-        "{scanned} sequential scans of the lanes"
-    );
+    assert_eq!(scanned, 3, "sequential scans of the lanes");
     let (_, upd, hot, _) = table_stats(&s, "lanes");
     let (upd, hot) = (upd - install_updates, hot - install_hot);
     assert_eq!(hot, upd, "{hot} of {upd} lane updates were HOT");

@@ -93,8 +93,13 @@ const CLAIM_LINGER: Duration = Duration::from_millis(2);
 const BUSY_POLL: Duration = Duration::from_millis(2);
 /// How often a stream's claim names no held lanes, so that the store finds them by owner: the
 /// stream's view and the lane rows meet again, and PostgreSQL looks for lanes a dead worker left
-/// with deliveries in flight and nothing due (other claims look only where work is due).
-const CENSUS_EVERY: Duration = Duration::from_secs(1);
+/// with deliveries in flight and nothing due (other claims look only where work is due). Such a
+/// claim reads every lane, about three times the work of a claim by name, and every stream of
+/// every worker makes one; a tenth of the lease (at least a second) keeps that small while a
+/// dead worker's lane waits at most a tenth longer than its lease.
+fn census_every(lease: Duration) -> Duration {
+    (lease / 10).max(Duration::from_secs(1))
+}
 /// How long handing the lanes back at the end may take before they are left to expire.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -198,7 +203,7 @@ struct Claimer {
     /// The lanes this stream holds, as its last claim reported them: the next claim reads only
     /// those of its own. Unknown at first and after a failed claim.
     held: Option<Vec<i16>>,
-    /// When a claim last found the stream's lanes by owner (`CENSUS_EVERY`).
+    /// When a claim last found the stream's lanes by owner (`census_every`).
     census_at: Instant,
 }
 
@@ -538,7 +543,7 @@ impl Claimer {
             return None;
         }
         request.outstanding = shared.ctx.outstanding.ids();
-        let census_due = self.census_at.elapsed() >= CENSUS_EVERY;
+        let census_due = self.census_at.elapsed() >= census_every(self.template.lease);
         request.held = self.held.take().filter(|_| !census_due);
         if request.held.is_none() {
             self.census_at = Instant::now();

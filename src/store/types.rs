@@ -280,9 +280,9 @@ pub struct ClaimRequest {
     pub lanes: LaneShare,
     /// The lanes of the share this worker holds, as the previous claim reported them
     /// (`ClaimStats::held`), so that the store reads only those; `None` (the first claim, one
-    /// after a failure, whose outcome is unknown, and one a second) makes it find them by owner,
-    /// and take over the lanes a dead worker left with deliveries in flight and nothing due,
-    /// which PostgreSQL looks for only then.
+    /// after a failure, whose outcome is unknown, and one every tenth of the lease, at least a
+    /// second apart) makes it find them by owner, and take over the lanes a dead worker left
+    /// with deliveries in flight and nothing due, which PostgreSQL looks for only then.
     pub held: Option<Vec<i16>>,
 }
 
