@@ -11,6 +11,7 @@ mod conformance;
 mod dispatch;
 mod doctor;
 mod faults;
+mod handlers;
 mod hardening;
 mod metrics;
 mod mongo;

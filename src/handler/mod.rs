@@ -96,14 +96,64 @@ impl Handler for NoopHandler {
     }
 }
 
-/// The last `max` bytes of a text, cut at a character boundary.
-pub(crate) fn tail(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
+/// The last bytes of an output a handler produces, however much it produces: a handler's stderr
+/// or an endpoint's error body becomes `last_error` and the logs, and only its end is kept, so a
+/// handler that writes gigabytes costs the worker a few kilobytes.
+pub(crate) struct Tail {
+    keep: usize,
+    bytes: Vec<u8>,
+}
+
+impl Tail {
+    pub(crate) fn new(keep: usize) -> Self {
+        Self {
+            keep,
+            bytes: Vec::new(),
+        }
     }
-    let mut start = text.len() - max;
-    while !text.is_char_boundary(start) {
-        start += 1;
+
+    /// Appends `more`, dropping what falls out of the kept end (in steps, so that a stream of
+    /// small writes does not shift the buffer at each).
+    pub(crate) fn push(&mut self, more: &[u8]) {
+        let more = &more[more.len().saturating_sub(self.keep)..];
+        self.bytes.extend_from_slice(more);
+        if self.bytes.len() > 2 * self.keep {
+            self.bytes.drain(..self.bytes.len() - self.keep);
+        }
     }
-    &text[start..]
+
+    /// The kept end as text, trimmed: at most `keep` bytes, from a character's first byte.
+    pub(crate) fn text(&self) -> String {
+        let mut start = self.bytes.len().saturating_sub(self.keep);
+        while self.bytes.get(start).is_some_and(|b| b & 0xC0 == 0x80) {
+            start += 1;
+        }
+        String::from_utf8_lossy(&self.bytes[start..])
+            .trim()
+            .to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Tail;
+
+    #[test]
+    fn a_tail_keeps_the_last_bytes_from_a_character_s_start() {
+        let mut tail = Tail::new(9);
+        for piece in ["first line\n", "é", "tail end\n"] {
+            tail.push(piece.as_bytes());
+        }
+        assert_eq!(tail.text(), "tail end");
+        let mut tail = Tail::new(4);
+        tail.push("xéé".as_bytes());
+        // The last 4 bytes are "éé"; one more would cut the first é.
+        assert_eq!(tail.text(), "éé");
+        tail.push(b"abc");
+        // "é" is 2 bytes: of "\xA9abc" the continuation byte is skipped.
+        assert_eq!(tail.text(), "abc");
+        let mut big = Tail::new(3);
+        big.push(&[b'x'; 10_000]);
+        assert_eq!(big.bytes.len(), 3);
+    }
 }

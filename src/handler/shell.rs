@@ -1,17 +1,20 @@
 //! Shell handlers: `sh -c CMD`, one process per delivery, the envelope on stdin (never in the
 //! command line), `RELAYBUS_*` variables in the environment (and never the worker's database
 //! URL, password or webhook secret). Exit 0 completes, 65 (EX_DATAERR)
-//! buries, anything else fails the attempt. The process runs in a group of its own, and the
-//! whole group is killed on timeout or abort, so a grandchild cannot outlive its delivery.
+//! buries, anything else fails the attempt. The attempt ends when `sh` exits. The process runs
+//! in a group of its own: the whole group is killed a second after that exit (at once on
+//! timeout or abort), so a background job cannot outlive its delivery for long; a process that
+//! left the group (`setsid`, a daemon) is its own and is left running. Input and output stream while the command runs,
+//! and only the tail of stderr is kept, so no handler's output grows the worker.
 
 use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
-use super::{tail, Envelope, Handler, HandlerFuture, Outcome};
+use super::{Envelope, Handler, HandlerFuture, Outcome, Tail};
 use crate::store::ClaimedDelivery;
 
 /// The limit of open files the worker was started with (soft, hard), when it raised its own: its
@@ -37,13 +40,18 @@ pub fn raise_open_files_limit() -> std::io::Result<()> {
 pub(super) const EX_DATAERR: i32 = 65;
 /// How much of stderr becomes `last_error`.
 const STDERR_TAIL: usize = 2048;
+/// How long a background job the command left in its process group has to leave the group
+/// before the group is killed.
+const GROUP_GRACE: Duration = Duration::from_secs(1);
+/// How long stderr is read after the command exited, for what it wrote last.
+const STDERR_DRAIN: Duration = Duration::from_millis(100);
 
 pub struct ShellHandler {
     command: String,
     timeout: Duration,
 }
 
-/// Kills the process group when dropped before the process was reaped.
+/// The command's process group, killed when dropped.
 struct GroupGuard(Option<i32>);
 
 impl GroupGuard {
@@ -54,6 +62,18 @@ impl GroupGuard {
                 nix::sys::signal::Signal::SIGKILL,
             );
         }
+    }
+
+    /// Kills the group once `GROUP_GRACE` has passed, or when the worker stops first: the
+    /// command has exited, and a job it left in the background gets a moment to leave the
+    /// group (`setsid`, a daemon's fork) before the rest is killed. A job left in the group
+    /// would otherwise outlive its delivery, one more with each, until the worker runs out of
+    /// processes.
+    fn linger(self) {
+        tokio::spawn(async move {
+            tokio::time::sleep(GROUP_GRACE).await;
+            drop(self);
+        });
     }
 }
 
@@ -108,29 +128,39 @@ impl ShellHandler {
             }
         };
         let mut group = GroupGuard(child.id().map(|p| p as i32));
-        let mut stdin = child.stdin.take().expect("stdin is piped");
+        let stdin = child.stdin.take().expect("stdin is piped");
         let mut stderr = child.stderr.take().expect("stderr is piped");
-        let io = async {
-            // A command that does not read its stdin closes the pipe early; that is its choice.
-            let _ = stdin.write_all(&envelope).await;
-            drop(stdin);
-            let mut err = Vec::new();
-            let _ = stderr.read_to_end(&mut err).await;
-            (child.wait().await, err)
-        };
-        let (status, err) = match tokio::time::timeout(self.timeout, io).await {
-            Ok(done) => done,
-            Err(_) => {
-                group.kill();
-                return failed(format!(
-                    "timed out after {}; the process group was killed",
-                    humantime::format_duration(self.timeout)
-                ));
+        let mut err = Tail::new(STDERR_TAIL);
+        // The envelope is written while stderr is read, so a command that logs before it reads
+        // its input cannot wait on a full pipe while the worker waits on the other; both end
+        // with the command's own exit, whatever its descendants keep open.
+        let ran = tokio::time::timeout(self.timeout, async {
+            let io = async {
+                futures_util::future::join(
+                    feed(stdin, &envelope),
+                    read_into(&mut err, &mut stderr),
+                )
+                .await;
+                std::future::pending::<()>().await
+            };
+            tokio::select! {
+                status = child.wait() => status,
+                () = io => unreachable!("pending never ends"),
             }
+        })
+        .await;
+        let Ok(status) = ran else {
+            group.kill();
+            return failed(format!(
+                "timed out after {}; the process group was killed",
+                humantime::format_duration(self.timeout)
+            ));
         };
-        // The command is done; descendants it left behind in its group go with it.
-        group.kill();
-        outcome(status, &err)
+        group.linger();
+        // What the command wrote before its exit is in the pipe; a process that left the group
+        // (setsid) may hold the pipe open for ever, so the rest is read for a moment only.
+        let _ = tokio::time::timeout(STDERR_DRAIN, read_into(&mut err, &mut stderr)).await;
+        outcome(status, &err.text())
     }
 
     /// `sh -c COMMAND` for a delivery: the envelope's fields in the environment, the worker's
@@ -175,10 +205,22 @@ impl ShellHandler {
     }
 }
 
+/// Writes the envelope to the command's stdin and closes it. A command that does not read its
+/// stdin closes the pipe early; that is its choice.
+async fn feed(mut stdin: tokio::process::ChildStdin, envelope: &[u8]) {
+    let _ = stdin.write_all(envelope).await;
+}
+
+/// Reads `from` to its end, keeping the tail.
+async fn read_into(tail: &mut Tail, from: &mut (impl AsyncRead + Unpin)) {
+    let mut chunk = [0u8; 4096];
+    while let Ok(n @ 1..) = from.read(&mut chunk).await {
+        tail.push(&chunk[..n]);
+    }
+}
+
 /// What a finished command's exit says, with the tail of its stderr.
-fn outcome(status: std::io::Result<std::process::ExitStatus>, err: &[u8]) -> Outcome {
-    let stderr_text = String::from_utf8_lossy(err);
-    let stderr_tail = tail(stderr_text.trim_end(), STDERR_TAIL);
+fn outcome(status: std::io::Result<std::process::ExitStatus>, stderr_tail: &str) -> Outcome {
     let describe = |what: String| {
         if stderr_tail.is_empty() {
             what

@@ -11,7 +11,7 @@ use hmac::{Hmac, Mac};
 use reqwest::header::{HeaderValue, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use sha2::Sha256;
 
-use super::{tail, Envelope, Handler, HandlerFuture, Outcome};
+use super::{Envelope, Handler, HandlerFuture, Outcome, Tail};
 use crate::store::ClaimedDelivery;
 
 const BODY_TAIL: usize = 512;
@@ -96,7 +96,7 @@ impl WebhookHandler {
                 .header("webhook-timestamp", timestamp.to_string())
                 .header("webhook-signature", secret.sign(id, timestamp, &body));
         }
-        let response = match request.body(body).send().await {
+        let mut response = match request.body(body).send().await {
             Ok(r) => r,
             Err(e) if e.is_timeout() => {
                 return unavailable(
@@ -132,8 +132,11 @@ impl WebhookHandler {
             .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(parse_retry_after);
-        let text = response.text().await.unwrap_or_default();
-        let error = format!("HTTP {}: {}", status.as_u16(), tail(text.trim(), BODY_TAIL));
+        let mut body = Tail::new(BODY_TAIL);
+        while let Ok(Some(chunk)) = response.chunk().await {
+            body.push(&chunk);
+        }
+        let error = format!("HTTP {}: {}", status.as_u16(), body.text());
         if status == reqwest::StatusCode::GONE {
             Outcome::Rejected { error }
         } else if status.is_server_error() {
