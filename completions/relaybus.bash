@@ -112,6 +112,9 @@ _relaybus() {
             relaybus__subcmd__events__subcmd__help,show)
                 cmd="relaybus__subcmd__events__subcmd__help__subcmd__show"
                 ;;
+            relaybus__subcmd__handlers,close-breaker)
+                cmd="relaybus__subcmd__handlers__subcmd__close__subcmd__breaker"
+                ;;
             relaybus__subcmd__handlers,help)
                 cmd="relaybus__subcmd__handlers__subcmd__help"
                 ;;
@@ -123,6 +126,9 @@ _relaybus() {
                 ;;
             relaybus__subcmd__handlers,resume)
                 cmd="relaybus__subcmd__handlers__subcmd__resume"
+                ;;
+            relaybus__subcmd__handlers__subcmd__help,close-breaker)
+                cmd="relaybus__subcmd__handlers__subcmd__help__subcmd__close__subcmd__breaker"
                 ;;
             relaybus__subcmd__handlers__subcmd__help,help)
                 cmd="relaybus__subcmd__handlers__subcmd__help__subcmd__help"
@@ -198,6 +204,9 @@ _relaybus() {
                 ;;
             relaybus__subcmd__help__subcmd__events,show)
                 cmd="relaybus__subcmd__help__subcmd__events__subcmd__show"
+                ;;
+            relaybus__subcmd__help__subcmd__handlers,close-breaker)
+                cmd="relaybus__subcmd__help__subcmd__handlers__subcmd__close__subcmd__breaker"
                 ;;
             relaybus__subcmd__help__subcmd__handlers,list)
                 cmd="relaybus__subcmd__help__subcmd__handlers__subcmd__list"
@@ -813,7 +822,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__handlers)
-            opts="-h -V --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version list pause resume help"
+            opts="-h -V --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version list pause resume close-breaker help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -842,9 +851,53 @@ _relaybus() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
-        relaybus__subcmd__handlers__subcmd__help)
-            opts="list pause resume help"
+        relaybus__subcmd__handlers__subcmd__close__subcmd__breaker)
+            opts="-h -V --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__handlers__subcmd__help)
+            opts="list pause resume close-breaker help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__handlers__subcmd__help__subcmd__close__subcmd__breaker)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -1179,8 +1232,22 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__help__subcmd__handlers)
-            opts="list pause resume"
+            opts="list pause resume close-breaker"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__help__subcmd__handlers__subcmd__close__subcmd__breaker)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -1495,7 +1562,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__run)
-            opts="-v -h -V --handler --exec --webhook --noop --sql --config --concurrency --batch-size --poll-interval --lease-duration --pool-size --max-attempts --retry-delay --retry-max-delay --timeout --webhook-secret --drain --completion-window --shutdown-grace --stall-after --breaker-threshold --completion-history --wake-up --metrics-addr --log-format --verbose --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
+            opts="-v -h -V --handler --exec --webhook --noop --sql --config --concurrency --batch-size --poll-interval --lease-duration --pool-size --max-attempts --retry-delay --retry-max-delay --timeout --webhook-secret --drain --completion-window --shutdown-grace --stall-after --breaker-threshold --breaker-max-cooldown --completion-history --wake-up --metrics-addr --log-format --verbose --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1574,6 +1641,10 @@ _relaybus() {
                     return 0
                     ;;
                 --breaker-threshold)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --breaker-max-cooldown)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -13,6 +13,7 @@ use thiserror::Error;
 use crate::bounds::Bounds;
 use crate::dispatch::{HandlerSpec, RetryPolicy, Runner};
 use crate::handler::{Handler, NoopHandler, ShellHandler, WebhookHandler, WebhookSecret};
+use crate::store::controls::BreakerPolicy;
 
 /// The time one attempt may take, unless configured.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
@@ -52,6 +53,9 @@ struct Entry {
     #[serde(default, with = "humantime_serde")]
     retry_max_delay: Option<Duration>,
     webhook_secret: Option<String>,
+    breaker_threshold: Option<i32>,
+    #[serde(default, with = "humantime_serde")]
+    breaker_max_cooldown: Option<Duration>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -82,6 +86,7 @@ pub type SecretSetting = Option<Result<WebhookSecret, String>>;
 pub struct Defaults {
     pub timeout: Duration,
     pub retry: RetryPolicy,
+    pub breaker: BreakerPolicy,
     pub webhook_secret: SecretSetting,
 }
 
@@ -92,6 +97,7 @@ pub struct HandlerConfig {
     pub target: Target,
     pub timeout: Duration,
     pub retry: RetryPolicy,
+    pub breaker: BreakerPolicy,
     pub webhook_secret: SecretSetting,
 }
 
@@ -103,6 +109,7 @@ impl HandlerConfig {
             target,
             timeout: defaults.timeout,
             retry: defaults.retry,
+            breaker: defaults.breaker,
             webhook_secret: defaults.webhook_secret.clone(),
         }
     }
@@ -170,6 +177,20 @@ pub fn from_file(path: &Path, defaults: &Defaults) -> Result<Vec<HandlerConfig>,
                 retry.backoff.max,
             )?;
             let timeout = within("timeout", TIMEOUT_BOUNDS, e.timeout, defaults.timeout)?;
+            let mut breaker = defaults.breaker;
+            breaker.threshold = e.breaker_threshold.unwrap_or(breaker.threshold);
+            if !(1..=BreakerPolicy::THRESHOLD_LIMIT).contains(&breaker.threshold) {
+                return Err(invalid(&format!(
+                    "`breaker_threshold` must be from 1 to {}",
+                    BreakerPolicy::THRESHOLD_LIMIT
+                )));
+            }
+            breaker.max_cooldown = within(
+                "breaker_max_cooldown",
+                BreakerPolicy::MAX_COOLDOWN_BOUNDS,
+                e.breaker_max_cooldown,
+                breaker.max_cooldown,
+            )?;
             let webhook_secret = match e.webhook_secret {
                 Some(s) => Some(Ok(WebhookSecret::parse(&s)
                     .map_err(|why| invalid(&format!("invalid `webhook_secret`: {why}")))?)),
@@ -178,6 +199,7 @@ pub fn from_file(path: &Path, defaults: &Defaults) -> Result<Vec<HandlerConfig>,
             Ok(HandlerConfig {
                 timeout,
                 retry,
+                breaker,
                 webhook_secret,
                 target,
                 name,
@@ -246,6 +268,7 @@ pub fn build(configs: Vec<HandlerConfig>) -> Result<Vec<HandlerSpec>, ConfigErro
                             timeout: c.timeout,
                         },
                         retry: c.retry,
+                        breaker: c.breaker,
                     })
                 }
                 // An unset variable in a deploy script gives an empty command, which `sh -c`
@@ -284,6 +307,7 @@ pub fn build(configs: Vec<HandlerConfig>) -> Result<Vec<HandlerSpec>, ConfigErro
                 name: c.name,
                 runner: Runner::Handler(handler),
                 retry: c.retry,
+                breaker: c.breaker,
             })
         })
         .collect()

@@ -7,7 +7,8 @@ use std::time::Duration;
 use relaybus::dispatch::{
     DispatchOptions, Dispatcher, HandlerSpec, Reporter, RetryPolicy, Runner, Shutdown,
 };
-use relaybus::handler::{Handler, HandlerFuture, Outcome};
+use relaybus::handler::{Gate, Handler, HandlerFuture, Outcome};
+use relaybus::store::controls::BreakerPolicy;
 use relaybus::store::prelude::*;
 use relaybus::store::{ClaimedDelivery, EventLimits, NewEvent, StoreOptions};
 
@@ -19,7 +20,7 @@ use crate::common::{open_store, TestSchema};
 fn a_dropped_shutdown_sender_is_not_a_cancel() {
     struct Slow;
     impl Handler for Slow {
-        fn handle<'a>(&'a self, _: &'a ClaimedDelivery) -> HandlerFuture<'a> {
+        fn handle<'a>(&'a self, _: &'a ClaimedDelivery, _: Gate<'a>) -> HandlerFuture<'a> {
             Box::pin(async {
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 Outcome::Completed
@@ -62,6 +63,7 @@ fn a_dropped_shutdown_sender_is_not_a_cancel() {
             name: "h".into(),
             runner: Runner::Handler(Arc::new(Slow)),
             retry: RetryPolicy::default(),
+            breaker: BreakerPolicy::default(),
         }];
         let reporter = Arc::new(Reporter::new());
         Dispatcher::new(store, options, handlers, reporter)

@@ -90,3 +90,112 @@ fn a_scrape_counts_what_the_worker_handled_and_readyz_turns_unready_on_shutdown(
         "handled 21, failed attempts 0, dead 0, lease lost 0, released 0\n"
     );
 }
+
+/// A GET with a one-second bound on everything, as an orchestrator's probe makes it.
+fn probe(url: &str) -> Result<(u16, String), String> {
+    crate::common::block_on(async {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let response = client.get(url).send().await.map_err(|e| e.to_string())?;
+        let status = response.status().as_u16();
+        Ok((status, response.text().await.map_err(|e| e.to_string())?))
+    })
+}
+
+/// Idle connections fill every slot of the endpoint, some never sending a byte and some after
+/// a request kept alive: health and readiness still answer within a second, each new
+/// connection closing the oldest.
+#[test]
+fn probes_answer_while_idle_connections_hold_every_slot() {
+    use std::io::{Read, Write};
+    let s = TestSchema::installed("probes");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let worker = spawn_worker(
+        &s,
+        &[
+            "--handler",
+            "h",
+            "--noop",
+            "--poll-interval",
+            "50ms",
+            "--metrics-addr",
+            &addr,
+        ],
+    );
+    let base = format!("http://{addr}");
+    wait_until("the worker ready", Duration::from_secs(20), || {
+        probe(&format!("{base}/readyz")).is_ok_and(|r| r.0 == 200)
+    });
+    let mut idle: Vec<std::net::TcpStream> = (0..40)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    for _ in 0..10 {
+        let mut kept = std::net::TcpStream::connect(&addr).unwrap();
+        kept.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut answer = [0u8; 64];
+        let n = kept.read(&mut answer).unwrap();
+        assert!(answer[..n].starts_with(b"HTTP/1.1 200"));
+        idle.push(kept);
+    }
+    for path in ["healthz", "readyz", "healthz", "readyz"] {
+        let answer = probe(&format!("{base}/{path}"));
+        let expected = if path == "healthz" { "ok\n" } else { "ready\n" };
+        assert_eq!(answer, Ok((200, expected.to_owned())), "/{path}");
+    }
+    drop(idle);
+    signal(&worker, nix::sys::signal::Signal::SIGTERM);
+    assert!(finish(worker, Duration::from_secs(30)).status.success());
+}
+
+/// A worker started while its only handler is paused claims nothing, and is ready: it does what
+/// the operator asked, and `/readyz` says why nothing runs. Resumed, it works.
+#[test]
+fn a_worker_started_during_a_pause_is_ready_and_says_why_nothing_runs() {
+    let s = TestSchema::installed("ready_paused");
+    s.publish(&[json!({"id": "e1", "type": "t", "handlers": ["h"]})]);
+    s.cmd()
+        .args(["handlers", "pause", "h", "--reason", "deploy"])
+        .assert()
+        .success();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let worker = spawn_worker(
+        &s,
+        &[
+            "--handler",
+            "h",
+            "--noop",
+            "--poll-interval",
+            "50ms",
+            "--metrics-addr",
+            &addr,
+        ],
+    );
+    let readyz = format!("http://{addr}/readyz");
+    let mut answer = Err(String::new());
+    wait_until("the endpoint", Duration::from_secs(20), || {
+        answer = probe(&readyz);
+        answer.is_ok()
+    });
+    assert_eq!(
+        answer,
+        Ok((
+            200,
+            "ready: nothing is claimed: `h` is paused (deploy)\n".to_owned()
+        ))
+    );
+    s.cmd().args(["handlers", "resume", "h"]).assert().success();
+    let left = format!("SELECT count(*) FROM {}", s.table("deliveries"));
+    wait_until("the delivery handled", Duration::from_secs(10), || {
+        s.count(&left) == 0
+    });
+    assert_eq!(probe(&readyz), Ok((200, "ready\n".to_owned())));
+    signal(&worker, nix::sys::signal::Signal::SIGTERM);
+    let out = finish(worker, Duration::from_secs(30));
+    assert_eq!(
+        stdout(&out),
+        "handled 1, failed attempts 0, dead 0, lease lost 0, released 0\n"
+    );
+}

@@ -1005,3 +1005,12 @@ fn a_failing_endpoint_opens_the_breaker_and_every_delivery_arrives_once() {
         &|args| spawn_worker(&m, args),
     );
 }
+
+#[test]
+fn an_operator_closes_a_breaker_that_every_worker_saw_open() {
+    let m = TestMongo::installed("mongo_close_breaker");
+    crate::common::controls::an_operator_closes_a_breaker_that_every_worker_saw_open(
+        &|| m.cmd(),
+        &|args| spawn_worker(&m, args),
+    );
+}

@@ -810,3 +810,12 @@ fn a_failing_endpoint_opens_the_breaker_and_every_delivery_arrives_once() {
         &|args| spawn_worker(&s, args),
     );
 }
+
+#[test]
+fn an_operator_closes_a_breaker_that_every_worker_saw_open() {
+    let s = TestSchema::installed("run_close_breaker");
+    crate::common::controls::an_operator_closes_a_breaker_that_every_worker_saw_open(
+        &|| s.cmd(),
+        &|args| spawn_worker(&s, args),
+    );
+}

@@ -16,8 +16,9 @@ use super::Error;
 use crate::dispatch::{
     worker_name, DispatchOptions, Dispatcher, HandlerSpec, Reporter, RetryPolicy, Runner, Shutdown,
 };
-use crate::handler::{Handler, HandlerFuture, Outcome};
+use crate::handler::{Gate, Handler, HandlerFuture, Outcome};
 use crate::store::bench::BenchStore;
+use crate::store::controls::BreakerPolicy;
 use crate::store::prelude::*;
 use crate::store::{AnyStore, ClaimedDelivery, Namespace, NewEvent, StoreOptions};
 
@@ -248,7 +249,10 @@ struct Recording {
 }
 
 impl Handler for Recording {
-    fn handle<'a>(&'a self, d: &'a ClaimedDelivery) -> HandlerFuture<'a> {
+    fn handle<'a>(&'a self, d: &'a ClaimedDelivery, gate: Gate<'a>) -> HandlerFuture<'a> {
+        if !gate() {
+            return Box::pin(std::future::ready(Outcome::Withheld));
+        }
         self.seen.lock().expect("records").push((
             d.event_id.clone(),
             d.handler.clone(),
@@ -271,6 +275,7 @@ async fn dispatch_worker(store: AnyStore, plan: WorkerPlan) -> Result<WorkerRepo
             name: format!("h{h}"),
             runner: Runner::Handler(Arc::clone(&recording) as Arc<dyn Handler>),
             retry: RetryPolicy::default(),
+            breaker: BreakerPolicy::default(),
         })
         .collect();
     let store = Arc::new(store);

@@ -21,6 +21,7 @@ use crate::store::{HandlerStats, StoreOptions};
 ///   relaybus handlers pause billing --reason 'INC-4312: ledger is read-only'
 ///   relaybus handlers list
 ///   relaybus handlers resume billing
+///   relaybus handlers close-breaker crm
 ///
 /// A paused handler's deliveries stay pending: running workers stop claiming
 /// them within a second (deliveries already running finish), and claim them
@@ -55,6 +56,12 @@ pub enum HandlersCommand {
         /// The handler.
         name: String,
     },
+    /// Close a webhook handler's open circuit breaker now, without waiting for its probe: for
+    /// an endpoint known to be back.
+    CloseBreaker {
+        /// The handler.
+        name: String,
+    },
 }
 
 pub(super) async fn run(g: &GlobalArgs, out: &Output, args: HandlersArgs) -> Result<ExitCode> {
@@ -86,6 +93,19 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: HandlersArgs) -> Res
                     "resumed handler `{name}`: workers claim its deliveries again within a second"
                 ),
                 None => format!("handler `{name}` is not paused; nothing changed"),
+            };
+            report(out, &name, changed, &said)
+        }
+        HandlersCommand::CloseBreaker { name } => {
+            let changed = store
+                .change_controls(checked(&name)?, &|c| c.close_breaker())
+                .await?;
+            let said = match &changed {
+                Some(_) => format!(
+                    "closed the circuit breaker of `{name}`: workers send to its endpoint again \
+                     within a second"
+                ),
+                None => format!("the circuit breaker of `{name}` is closed; nothing changed"),
             };
             report(out, &name, changed, &said)
         }

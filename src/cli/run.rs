@@ -20,6 +20,7 @@ use crate::dispatch::{
     worker_name, DispatchOptions, Dispatcher, RetryPolicy, Runner, Shutdown, Summary,
 };
 use crate::handler::WebhookSecret;
+use crate::store::controls::BreakerPolicy;
 use crate::store::prelude::*;
 use crate::store::{AnyStore, StoreOptions};
 
@@ -156,10 +157,14 @@ pub struct RunArgs {
     pub stall_after: Duration,
     /// A webhook endpoint that fails (5xx, timeout, refused connection) this many times in a
     /// row opens its circuit breaker, shared by every worker of the store: nothing is sent to
-    /// it for 30 s (doubling after each failed probe, up to 10 min), then one probe; its
-    /// deliveries wait meanwhile without an attempt charged.
-    #[arg(long, default_value_t = DispatchOptions::BREAKER_THRESHOLD, value_parser = clap::value_parser!(i32).range(1..=10_000), value_name = "FAILURES")]
+    /// it for 30 s (doubling after each failed probe, up to --breaker-max-cooldown), then one
+    /// probe; its deliveries wait meanwhile without an attempt charged.
+    #[arg(long, default_value_t = BreakerPolicy::THRESHOLD, value_parser = clap::value_parser!(i32).range(1..=BreakerPolicy::THRESHOLD_LIMIT as i64), value_name = "FAILURES")]
     pub breaker_threshold: i32,
+    /// The longest an open circuit breaker waits before its next probe (a shorter one finds a
+    /// flapping endpoint up sooner, at the price of more probes).
+    #[arg(long, default_value = human(BreakerPolicy::MAX_COOLDOWN), value_parser = within(BreakerPolicy::MAX_COOLDOWN_BOUNDS), value_name = "DURATION")]
+    pub breaker_max_cooldown: Duration,
     /// Keep an append-only history of completions (one insert per completion).
     #[arg(long)]
     pub completion_history: bool,
@@ -212,6 +217,10 @@ fn handler_configs(args: &RunArgs) -> Result<Vec<HandlerConfig>> {
         retry: RetryPolicy {
             max_attempts: args.max_attempts,
             backoff: Backoff::jittered(args.retry_delay, args.retry_max_delay),
+        },
+        breaker: BreakerPolicy {
+            threshold: args.breaker_threshold,
+            max_cooldown: args.breaker_max_cooldown,
         },
         webhook_secret,
     };
@@ -299,7 +308,6 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<E
         completion_history: args.completion_history,
         wake_ups: args.wake_up == WakeUp::Listen,
         stall_after: args.stall_after,
-        breaker_threshold: args.breaker_threshold,
         ..DispatchOptions::new(worker_name())
     };
     let summary = Dispatcher::new(Arc::clone(&store), options, handlers, reporter)

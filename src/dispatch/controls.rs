@@ -4,7 +4,7 @@
 //! worker of the store follows one pause and one breaker; this worker's own changes enter it at
 //! once.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,13 +14,13 @@ use tokio::sync::Notify;
 
 use super::{Context, Reporter};
 use crate::handler::Outcome;
-use crate::store::controls::{Breaker, HandlerControl};
+use crate::store::controls::{Breaker, BreakerPolicy, HandlerControl};
 use crate::store::{ClaimRequest, Store};
 
 /// How often the view is read at most; a shorter poll interval reads it that often.
 const REFRESH: Duration = Duration::from_secs(1);
-/// How long a delivery waits when another worker holds the breaker's probe.
-const PROBE_WAIT: Duration = Duration::from_secs(1);
+/// How long a delivery waits when the breaker is open, or another worker holds its probe.
+pub(super) const HOLD: Duration = Duration::from_secs(1);
 
 /// Whether a claimed delivery may be sent.
 #[derive(Debug, PartialEq, Eq)]
@@ -28,26 +28,27 @@ pub(super) enum Admit {
     Send,
     /// Sent as the breaker's probe: its outcome opens or closes the breaker.
     Probe,
-    /// The breaker is open: postponed this long, without an attempt.
-    Hold(Duration),
+    /// The breaker is open: postponed by `HOLD`, without an attempt.
+    Hold,
 }
 
 pub(super) struct Controls {
-    /// The handlers this worker serves.
-    handlers: HashSet<String>,
+    /// The handlers this worker serves, with how each one's breaker behaves.
+    handlers: HashMap<String, BreakerPolicy>,
     /// The controls of those that have any.
     view: Mutex<HashMap<String, HandlerControl>>,
-    /// Failures in a row that open a breaker.
-    threshold: i32,
 }
 
 impl Controls {
-    pub(super) fn new(handlers: &[String], threshold: i32) -> Self {
+    pub(super) fn new(handlers: HashMap<String, BreakerPolicy>) -> Self {
         Self {
-            handlers: handlers.iter().cloned().collect(),
+            handlers,
             view: Mutex::default(),
-            threshold,
         }
+    }
+
+    fn policy(&self, handler: &str) -> BreakerPolicy {
+        self.handlers.get(handler).copied().unwrap_or_default()
     }
 
     fn view(&self) -> std::sync::MutexGuard<'_, HashMap<String, HandlerControl>> {
@@ -76,30 +77,33 @@ impl Controls {
     /// ended, one delivery of one worker is its probe and the others wait.
     pub(super) async fn admit<S: Store>(&self, store: &S, handler: &str) -> Admit {
         let now = Utc::now();
-        let (breaker, until) = match self.view().get(handler) {
+        let breaker = match self.view().get(handler) {
             None => return Admit::Send,
-            Some(c) => (c.breaker(now), c.open_until),
+            Some(c) => c.breaker(now),
         };
         match breaker {
             Breaker::Closed => Admit::Send,
-            Breaker::Open => {
-                let wait = until.map_or(PROBE_WAIT, |u| (u - now).to_std().unwrap_or_default());
-                Admit::Hold(wait.max(PROBE_WAIT))
-            }
+            // Due again soon: claims leave the handler out while its breaker is open, and
+            // once it closes (its probe answered, or an operator closed it) nothing waits.
+            Breaker::Open => Admit::Hold,
             Breaker::ProbeDue => {
                 // Boxed, as is the write in `attempted`: every delivery's task would otherwise
                 // carry the store's future, copied at each spawn, for a write that is rare.
-                match Box::pin(store.change_controls(handler, &|c| c.take_probe(Utc::now()))).await
+                let policy = self.policy(handler);
+                match Box::pin(
+                    store.change_controls(handler, &|c| c.take_probe(policy, Utc::now())),
+                )
+                .await
                 {
                     Ok(Some(c)) => {
                         self.view().insert(handler.to_owned(), c);
                         tracing::info!(handler, "circuit breaker: sending a probe");
                         Admit::Probe
                     }
-                    Ok(None) => Admit::Hold(PROBE_WAIT),
+                    Ok(None) => Admit::Hold,
                     Err(e) => {
                         tracing::warn!(handler, error = %format!("{e:#}"), "could not take the circuit breaker's probe");
-                        Admit::Hold(PROBE_WAIT)
+                        Admit::Hold
                     }
                 }
             }
@@ -130,20 +134,20 @@ impl Controls {
         }
         let opened = AtomicBool::new(false);
         let closed = AtomicBool::new(false);
-        let threshold = self.threshold;
+        let policy = self.policy(handler);
         let change = |c: &mut HandlerControl| {
             if failed {
-                opened.store(c.failed(threshold, probe, Utc::now()), Ordering::Relaxed);
+                opened.store(c.failed(policy, probe, Utc::now()), Ordering::Relaxed);
                 true
             } else {
                 closed.store(c.open_until.is_some(), Ordering::Relaxed);
-                c.succeeded()
+                c.close_breaker()
             }
         };
         match Box::pin(store.change_controls(handler, &change)).await {
             Ok(Some(c)) => {
                 if opened.load(Ordering::Relaxed) {
-                    let cooldown = crate::store::controls::cooldown(c.opened);
+                    let cooldown = policy.cooldown(c.opened);
                     tracing::warn!(
                         handler,
                         failures = c.failures,
@@ -158,7 +162,18 @@ impl Controls {
                 reporter
                     .metrics
                     .controls(handler, c.paused(), c.open_until.is_some());
-                self.view().insert(handler.to_owned(), c);
+                let mut view = self.view();
+                if !opened.load(Ordering::Relaxed) && !closed.load(Ordering::Relaxed) {
+                    // What another worker changed meanwhile (its failure opened the breaker at
+                    // its threshold, say), seen here first.
+                    let before = view
+                        .get(handler)
+                        .cloned()
+                        .unwrap_or_else(|| HandlerControl::new(handler));
+                    log_changes(handler, &before, &c, reporter);
+                }
+                view.insert(handler.to_owned(), c);
+                reporter.health.set_held(self.held(&view));
             }
             Ok(None) => {}
             Err(e) => {
@@ -167,18 +182,43 @@ impl Controls {
         }
     }
 
+    /// Why nothing of this worker may be claimed now, when nothing may: every handler it serves
+    /// paused, or its breaker open.
+    fn held(&self, view: &HashMap<String, HandlerControl>) -> Option<String> {
+        let now = Utc::now();
+        let mut handlers: Vec<&String> = self.handlers.keys().collect();
+        handlers.sort();
+        let why = handlers
+            .into_iter()
+            .map(|h| {
+                let c = view.get(h).filter(|c| !c.claimable(now))?;
+                Some(match (c.paused(), &c.pause_reason) {
+                    (true, Some(reason)) => format!("`{h}` is paused ({reason})"),
+                    (true, None) => format!("`{h}` is paused"),
+                    (false, _) => format!(
+                        "`{h}`'s circuit breaker is open until {}",
+                        c.open_until
+                            .unwrap_or(now)
+                            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                    ),
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(format!("nothing is claimed: {}", why.join("; ")))
+    }
+
     /// Takes the controls read from the store, logging what changed for the handlers served.
     /// True when a handler became claimable.
     fn update(&self, read: Vec<HandlerControl>, r: &Reporter) -> bool {
         let now = Utc::now();
         let read: HashMap<String, HandlerControl> = read
             .into_iter()
-            .filter(|c| self.handlers.contains(&c.handler))
+            .filter(|c| self.handlers.contains_key(&c.handler))
             .map(|c| (c.handler.clone(), c))
             .collect();
         let mut view = self.view();
         let mut freed = false;
-        for handler in &self.handlers {
+        for handler in self.handlers.keys() {
             let default = HandlerControl::new(handler);
             let before = view.get(handler).unwrap_or(&default);
             let after = read.get(handler).unwrap_or(&default);
@@ -187,6 +227,7 @@ impl Controls {
             r.metrics
                 .controls(handler, after.paused(), after.open_until.is_some());
         }
+        r.health.set_held(self.held(&read));
         *view = read;
         freed
     }

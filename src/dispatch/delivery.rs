@@ -23,14 +23,28 @@ enum Ran {
     Aborted,
 }
 
+/// A claimed delivery, with when its lease was last known to start (`since_boot`).
+pub(super) struct Leased {
+    pub(super) delivery: ClaimedDelivery,
+    pub(super) since: Duration,
+}
+
+/// A handler starts only with this part of the lease ahead of it at least (a fifth), by the
+/// worker's own clock; otherwise the store is asked first.
+const START_MARGIN: u32 = 5;
+
 /// Runs one delivery to its end. Returns its token when it was aborted by shutdown.
 pub(super) async fn run<S: Store>(
     ctx: &Context<S>,
-    delivery: ClaimedDelivery,
+    leased: Leased,
     running: RunningGuard,
     slot: OwnedSemaphorePermit,
     mut cancel: watch::Receiver<bool>,
 ) -> Option<LeaseToken> {
+    let Leased {
+        delivery,
+        since: mut leased_at,
+    } = leased;
     let spec = ctx
         .handlers
         .get(&delivery.handler)
@@ -44,13 +58,15 @@ pub(super) async fn run<S: Store>(
         _ = cancel.wait_for(|c| *c) => return Some(delivery.token),
     }
     let admit = ctx.controls.admit(&*ctx.store, &delivery.handler).await;
-    if let Admit::Hold(delay) = admit {
+    if admit == Admit::Hold {
         drop((slot, running));
         let error = "circuit breaker open: the endpoint is not sent to until its cool-down ends";
         record(
             ctx,
             &delivery,
-            Failure::Postpone { delay },
+            Failure::Postpone {
+                delay: super::controls::HOLD,
+            },
             error.into(),
             &mut cancel,
         )
@@ -58,13 +74,25 @@ pub(super) async fn run<S: Store>(
         return None;
     }
     let started = Instant::now();
-    let ran = match &spec.runner {
-        Runner::Handler(handler) => tokio::select! {
-            outcome = handler.handle(&delivery) => Ran::Outcome(outcome),
-            _ = cancel.wait_for(|c| *c) => Ran::Aborted,
-        },
-        Runner::Statement { sql, timeout } => {
-            run_statement(ctx, &delivery, sql, *timeout, &mut cancel).await
+    let ran = loop {
+        if !lease_live(ctx, &delivery, &mut leased_at).await {
+            return None;
+        }
+        let ran = match &spec.runner {
+            Runner::Handler(handler) => {
+                let gate = || lease_fresh(ctx.lease, leased_at);
+                tokio::select! {
+                    outcome = handler.handle(&delivery, &gate) => Ran::Outcome(outcome),
+                    _ = cancel.wait_for(|c| *c) => Ran::Aborted,
+                }
+            }
+            Runner::Statement { sql, timeout } => {
+                run_statement(ctx, &delivery, sql, *timeout, &mut cancel).await
+            }
+        };
+        // Withheld at the gate: nothing left the worker; the store is asked before it may.
+        if !matches!(ran, Ran::Outcome(Outcome::Withheld)) {
+            break ran;
         }
     };
     let outcome = match ran {
@@ -94,6 +122,57 @@ pub(super) async fn run<S: Store>(
     drop(slot);
     conclude(ctx, spec, &delivery, outcome, running, &mut cancel).await;
     None
+}
+
+/// Whether the delivery's lane is still this worker's for long enough to start its handler: by
+/// the worker's own clock while the claim is recent, else asked of the store, which extends the
+/// lease when it is. So a worker that was frozen past its lease, or a delivery that waited long
+/// for a slot, never starts a handler in a lane another worker may have taken over, where a
+/// later delivery of its key may have run since.
+async fn lease_live<S: Store>(
+    ctx: &Context<S>,
+    delivery: &ClaimedDelivery,
+    leased_at: &mut Duration,
+) -> bool {
+    let lease = ctx.lease;
+    if lease_fresh(lease, *leased_at) {
+        return true;
+    }
+    let asked_at = super::since_boot();
+    // Boxed: rare, and every delivery's task would otherwise carry the store's future.
+    let confirm = Box::pin(ctx.store.confirm(&ctx.owner, lease, &delivery.token));
+    let (id, handler) = (&delivery.token.delivery_id, &delivery.handler);
+    match ctx.recorder().watched("confirm", confirm).await {
+        Ok(true) => {
+            tracing::debug!(delivery = %id, "lane lease confirmed before the handler started");
+            *leased_at = asked_at;
+            true
+        }
+        Ok(false) => {
+            ctx.reporter.ended(Ended::LeaseLost, handler);
+            tracing::warn!(
+                delivery = %id,
+                token = %delivery.token,
+                "lease lost before the handler started (this worker was held up past its lease); not started here"
+            );
+            false
+        }
+        Err(e) => {
+            ctx.reporter.metrics.database_error("confirm");
+            tracing::warn!(
+                delivery = %id,
+                error = %format!("{e:#}"),
+                "could not confirm the lane lease; the handler is not started, and the delivery runs again once the lease expires"
+            );
+            false
+        }
+    }
+}
+
+/// Whether a lease taken (or extended) at `leased_at` has a fifth of it or more ahead, by the
+/// worker's own clock.
+fn lease_fresh(lease: Duration, leased_at: Duration) -> bool {
+    super::since_boot().saturating_sub(leased_at) + lease / START_MARGIN <= lease
 }
 
 /// Records a handler's outcome: a completion joins the completer's next statement, anything else
@@ -170,7 +249,9 @@ fn failure<S: Store>(
 ) -> (Failure, String) {
     let attempt = delivery.attempts + 1;
     match outcome {
-        Outcome::Completed => unreachable!("a completion is recorded by the completer"),
+        Outcome::Completed | Outcome::Withheld => {
+            unreachable!("a completion is recorded by the completer, and a withheld one retried")
+        }
         Outcome::Rejected { error } => (Failure::Reject, error),
         Outcome::NotStarted { error } => {
             let delay = ctx.reporter.health.start_failed(&error);

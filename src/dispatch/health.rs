@@ -33,6 +33,9 @@ pub struct Health {
     starts_failing: Mutex<Option<(String, u32)>>,
     /// Whether `starts_failing` holds anything: read by every delivery, locked by none.
     starts_failed: AtomicBool,
+    /// Why nothing of this worker may be claimed, while nothing may: every handler paused, or
+    /// its circuit breaker open. The worker is doing what it was asked, so it is ready.
+    held: Mutex<Option<String>>,
 }
 
 /// How long a delivery whose handler could not be started waits before it is due again, by the
@@ -48,6 +51,7 @@ impl Default for Health {
             stalled: Mutex::default(),
             starts_failing: Mutex::default(),
             starts_failed: AtomicBool::new(false),
+            held: Mutex::default(),
         }
     }
 }
@@ -168,6 +172,16 @@ impl Health {
     }
 
     /// Ready unless something keeps the worker from working; otherwise why not.
+    /// Says why nothing of this worker may be claimed (None: something may).
+    pub(super) fn set_held(&self, why: Option<String>) {
+        *self.held.lock().expect("health lock") = why;
+    }
+
+    /// Why nothing of this worker may be claimed, while nothing may.
+    pub(super) fn held(&self) -> Option<String> {
+        self.held.lock().expect("health lock").clone()
+    }
+
     pub fn readiness(&self) -> Result<(), String> {
         if *self.unrecorded.borrow() > 0 {
             return Err("outcomes cannot be recorded; claims wait for them".into());

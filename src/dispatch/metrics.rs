@@ -3,7 +3,7 @@
 //! `run --metrics-addr`. Labels name handlers and operations only, never an event id or a key,
 //! so a series count stays bounded.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -18,6 +18,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Metric, Registry, Unit};
+use tokio::sync::oneshot;
 
 use super::health::Health;
 use super::Reporter;
@@ -377,18 +378,22 @@ impl Metrics {
     }
 
     /// Ready when claims succeed, the worker is not stopping and nothing keeps it from working
-    /// (`health`); otherwise why not, the most telling reason first.
-    fn readiness(&self, health: &Health) -> Result<(), String> {
-        match self.phase.load(Ordering::Relaxed) {
-            p if p == Phase::Stopping as u8 => Err("shutting down".into()),
+    /// (`health`), or when it claims nothing because every handler of it is paused or its
+    /// breaker open (the operator asked for that), with a note why; otherwise why not, the most
+    /// telling reason first.
+    fn readiness(&self, health: &Health) -> Result<Option<String>, String> {
+        let phase = self.phase.load(Ordering::Relaxed);
+        if phase == Phase::Stopping as u8 {
+            return Err("shutting down".into());
+        }
+        health.readiness()?;
+        if let Some(held) = health.held() {
+            return Ok(Some(held));
+        }
+        match phase {
             p if p == Phase::Starting as u8 => Err("starting: no claim has succeeded yet".into()),
-            p => health.readiness().and_then(|()| {
-                if p == Phase::ClaimsFailing as u8 {
-                    Err("claims are failing".into())
-                } else {
-                    Ok(())
-                }
-            }),
+            p if p == Phase::ClaimsFailing as u8 => Err("claims are failing".into()),
+            _ => Ok(None),
         }
     }
 
@@ -430,16 +435,44 @@ struct Endpoint<S> {
     handlers: Vec<String>,
 }
 
-/// Connections the metrics endpoint serves at once; more wait in the listen queue, where they
-/// hold no file descriptor of the worker's (its handlers need them).
+/// Connections the metrics endpoint keeps open at once. A connection beyond them closes the
+/// oldest, so connections that sit idle (a misbehaving scraper, a port scan) can never keep a
+/// health probe out, and the endpoint never holds more than a few of the worker's file
+/// descriptors (its handlers need them).
 const MAX_CONNECTIONS: usize = 32;
 /// A connection that sends no request for this long is closed.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection closed to make room may take to finish a request in progress.
+const EVICTED_GRACE: Duration = Duration::from_millis(500);
 /// How long the endpoint pauses after an accept fails (the process is out of descriptors).
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the process ends, at most
-/// `MAX_CONNECTIONS` connections at once, each closed after `IDLE_TIMEOUT` without a request.
+/// The open connections, oldest first, each with the sender that asks it to close.
+#[derive(Default)]
+struct Connections {
+    next: u64,
+    open: BTreeMap<u64, oneshot::Sender<()>>,
+}
+
+impl Connections {
+    /// Counts a new connection in, asking the oldest to close when the endpoint is full.
+    fn admit(&mut self) -> (u64, oneshot::Receiver<()>) {
+        if self.open.len() >= MAX_CONNECTIONS {
+            if let Some((_, oldest)) = self.open.pop_first() {
+                let _ = oldest.send(());
+            }
+        }
+        let (close, closing) = oneshot::channel();
+        let id = self.next;
+        self.next += 1;
+        self.open.insert(id, close);
+        (id, closing)
+    }
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the process ends: at most
+/// `MAX_CONNECTIONS` connections, each closed after `IDLE_TIMEOUT` without a request, and the
+/// oldest closed when a new one comes and the endpoint is full.
 pub async fn serve<S: Store>(
     listener: tokio::net::TcpListener,
     reporter: Arc<Reporter>,
@@ -456,12 +489,8 @@ pub async fn serve<S: Store>(
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready::<S>))
         .with_state(endpoint);
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let connections = Arc::new(Mutex::new(Connections::default()));
     loop {
-        let slot = Arc::clone(&slots)
-            .acquire_owned()
-            .await
-            .expect("the connection slots are never closed");
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(e) => {
@@ -470,14 +499,28 @@ pub async fn serve<S: Store>(
                 continue;
             }
         };
+        let (id, closing) = connections.lock().expect("connections lock").admit();
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let connections = Arc::clone(&connections);
         tokio::spawn(async move {
-            let _ = hyper::server::conn::http1::Builder::new()
+            let connection = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(IDLE_TIMEOUT)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                .await;
-            drop(slot);
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                Ok(()) = closing => {
+                    // Closed at once when idle; a request in progress may finish first.
+                    connection.as_mut().graceful_shutdown();
+                    let _ = tokio::time::timeout(EVICTED_GRACE, connection).await;
+                }
+            }
+            connections
+                .lock()
+                .expect("connections lock")
+                .open
+                .remove(&id);
         });
     }
 }
@@ -496,7 +539,8 @@ async fn metrics<S: Store>(State(e): State<Arc<Endpoint<S>>>) -> impl IntoRespon
 
 async fn ready<S: Store>(State(e): State<Arc<Endpoint<S>>>) -> impl IntoResponse {
     match e.reporter.metrics.readiness(&e.reporter.health) {
-        Ok(()) => (StatusCode::OK, "ready\n".to_owned()),
+        Ok(None) => (StatusCode::OK, "ready\n".to_owned()),
+        Ok(Some(note)) => (StatusCode::OK, format!("ready: {note}\n")),
         Err(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("not ready: {why}\n"),

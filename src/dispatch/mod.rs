@@ -25,6 +25,7 @@ use tokio::time::Instant;
 
 use crate::backoff::{Backoff, Retries};
 use crate::handler::Handler;
+use crate::store::controls::BreakerPolicy;
 use crate::store::{
     ClaimRequest, ClaimStats, ClaimedDelivery, LaneShare, LeaseToken, Store, WakeUp,
 };
@@ -67,6 +68,7 @@ pub struct HandlerSpec {
     pub name: String,
     pub runner: Runner,
     pub retry: RetryPolicy,
+    pub breaker: BreakerPolicy,
 }
 
 /// What runs a handler's deliveries.
@@ -100,6 +102,15 @@ const BUSY_POLL: Duration = Duration::from_millis(2);
 fn census_every(lease: Duration) -> Duration {
     (lease / 10).max(Duration::from_secs(1))
 }
+/// The time since the machine booted, time it spent suspended included: a lease runs on the
+/// database's clock while this machine sleeps or this process is stopped, so the worker's own
+/// reckoning of a lease must count that time too (`Instant` does not count a suspend on Linux).
+fn since_boot() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .map(Duration::from)
+        .expect("the boot clock is readable")
+}
+
 /// How long handing the lanes back at the end may take before they are left to expire.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -139,6 +150,9 @@ struct Context<S> {
     history: bool,
     /// Pauses and circuit breakers.
     controls: controls::Controls,
+    /// The worker's name and lease, to confirm a lane before a handler starts in it.
+    owner: String,
+    lease: Duration,
 }
 
 impl<S: Store> Context<S> {
@@ -239,6 +253,8 @@ impl<S: Store> Dispatcher<S> {
                 stopping: cancel.subscribe(),
             },
         );
+        let breakers = handlers.iter().map(|h| (h.name.clone(), h.breaker));
+        let controls = controls::Controls::new(breakers.collect());
         let ctx = Arc::new(Context {
             store: Arc::clone(&store),
             handlers: handlers.into_iter().map(|h| (h.name.clone(), h)).collect(),
@@ -247,7 +263,9 @@ impl<S: Store> Dispatcher<S> {
             outstanding: Outstanding::default(),
             reporter: Arc::clone(&reporter),
             history: options.completion_history,
-            controls: controls::Controls::new(&template.handlers, options.breaker_threshold),
+            controls,
+            owner: options.owner.clone(),
+            lease: options.lease_duration,
         });
         let claimers = (0..streams)
             .map(|index| Claimer::new(&template, index, streams))
@@ -455,12 +473,13 @@ impl Claimer {
                 self.idle(shared, &mut shutdown).await;
                 continue;
             };
+            let asked_at = since_boot();
             let Some((claimed, stats)) = self.claim(shared, request, &mut shutdown).await else {
                 continue;
             };
             let got = claimed.len();
             self.keys_held = claimed.iter().any(|d| d.key.is_some());
-            self.start(shared, claimed, &shutdown);
+            self.start(shared, claimed, asked_at, &shutdown);
             if !self.nothing_to_do(want, got, &stats, searched) {
                 continue;
             }
@@ -594,11 +613,13 @@ impl Claimer {
 
     /// Starts a task per claimed delivery, each with a slot taken now; when the other stream's
     /// claim took the slots first, the rest wait for one, and one still waiting when the worker
-    /// stops is handed back unstarted.
+    /// stops is handed back unstarted. `asked_at` is when the claim was sent (`since_boot`):
+    /// the leases it took run from no earlier.
     fn start<S: Store>(
         &mut self,
         shared: &Shared<S>,
         claimed: Vec<ClaimedDelivery>,
+        asked_at: Duration,
         shutdown: &watch::Receiver<Shutdown>,
     ) {
         let ctx = &shared.ctx;
@@ -628,7 +649,13 @@ impl Claimer {
                     },
                 };
                 let aborted = match slot {
-                    Some(slot) => delivery::run(&ctx, claimed, running, slot, cancel).await,
+                    Some(slot) => {
+                        let leased = delivery::Leased {
+                            delivery: claimed,
+                            since: asked_at,
+                        };
+                        delivery::run(&ctx, leased, running, slot, cancel).await
+                    }
                     None => Some(claimed.token),
                 };
                 ctx.outstanding.remove(&id);
@@ -710,7 +737,8 @@ impl Claimer {
 }
 
 /// Turns the store's wake-ups into a wake-up of every stream, logging a lost subscription as it
-/// happens.
+/// happens: at info when it is lost (a server or pooler that closes idle sessions does that
+/// often, and the first reconnect mends it), as a warning once a reconnect failed too.
 fn relay_wake_ups<S: Store>(
     store: &S,
     wakes: Vec<Arc<Notify>>,
@@ -718,19 +746,28 @@ fn relay_wake_ups<S: Store>(
 ) -> Option<JoinHandle<()>> {
     let mut wake_ups = store.wake_ups()?;
     Some(tokio::spawn(async move {
+        let mut lost = 0u32;
         loop {
             match wake_ups.next().await {
                 WakeUp::Signal => {
+                    if lost > 1 {
+                        tracing::info!("wake-up connection is back");
+                    }
+                    lost = 0;
                     reporter.metrics.woken();
                     for wake in &wakes {
                         wake.notify_one();
                     }
                 }
-                WakeUp::Lost { error, retry_in } => tracing::warn!(
-                    error = %error,
-                    retry_in = %humantime::format_duration(retry_in),
-                    "wake-up connection lost; polling until it is back"
-                ),
+                WakeUp::Lost { error, retry_in } => {
+                    lost += 1;
+                    let retry_in = humantime::format_duration(retry_in);
+                    if lost == 1 {
+                        tracing::info!(error = %error, retry_in = %retry_in, "wake-up connection lost; listening anew");
+                    } else {
+                        tracing::warn!(error = %error, retry_in = %retry_in, "wake-up connection lost; polling until it is back");
+                    }
+                }
             }
         }
     }))

@@ -25,8 +25,6 @@ pub struct DispatchOptions {
     pub wake_ups: bool,
     /// A claim, renewal or recording of an outcome that waits this long is reported stalled.
     pub stall_after: Duration,
-    /// Requests to a webhook endpoint that fail in a row before its circuit breaker opens.
-    pub breaker_threshold: i32,
 }
 
 impl DispatchOptions {
@@ -37,7 +35,6 @@ impl DispatchOptions {
     pub const COMPLETION_WINDOW: Duration = Duration::from_millis(2);
     pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
     pub const STALL_AFTER: Duration = Duration::from_secs(5);
-    pub const BREAKER_THRESHOLD: i32 = 10;
 
     pub const POLL_INTERVAL_BOUNDS: Bounds = Bounds::POSITIVE_UP_TO_A_DAY;
     /// At least a second: renewals run every third of it, and a lease that expires before its
@@ -88,7 +85,6 @@ impl DispatchOptions {
             completion_history: false,
             wake_ups: true,
             stall_after: Self::STALL_AFTER,
-            breaker_threshold: Self::BREAKER_THRESHOLD,
         }
     }
 }

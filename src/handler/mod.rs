@@ -76,14 +76,24 @@ pub enum Outcome {
     NotStarted {
         error: String,
     },
+    /// The gate said no at the last moment: nothing left the worker (a process started for it
+    /// was killed before it got its envelope). The dispatcher asks the store before it tries
+    /// again.
+    Withheld,
 }
 
 pub type HandlerFuture<'a> = Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
 
+/// Asked by a handler at the last moment before a delivery leaves the worker (before its
+/// envelope is written to the started process, before its request is sent): false when the
+/// worker cannot vouch for the delivery's lease by its own clock any more (the process was
+/// stopped meanwhile, or starting the command took long), and the handler then withholds it.
+pub type Gate<'a> = &'a (dyn Fn() -> bool + Send + Sync);
+
 pub trait Handler: Send + Sync {
-    /// Runs one attempt. Dropping the future aborts it (the shell handler kills its process
-    /// group).
-    fn handle<'a>(&'a self, delivery: &'a ClaimedDelivery) -> HandlerFuture<'a>;
+    /// Runs one attempt, after asking `gate`. Dropping the future aborts it (the shell handler
+    /// kills its process group).
+    fn handle<'a>(&'a self, delivery: &'a ClaimedDelivery, gate: Gate<'a>) -> HandlerFuture<'a>;
 }
 
 /// Completes every delivery without running anything: the cost of relaybus and the store alone,
@@ -91,8 +101,13 @@ pub trait Handler: Send + Sync {
 pub struct NoopHandler;
 
 impl Handler for NoopHandler {
-    fn handle<'a>(&'a self, _: &'a ClaimedDelivery) -> HandlerFuture<'a> {
-        Box::pin(std::future::ready(Outcome::Completed))
+    fn handle<'a>(&'a self, _: &'a ClaimedDelivery, gate: Gate<'a>) -> HandlerFuture<'a> {
+        let outcome = if gate() {
+            Outcome::Completed
+        } else {
+            Outcome::Withheld
+        };
+        Box::pin(std::future::ready(outcome))
     }
 }
 

@@ -7,14 +7,16 @@
 //! left the group (`setsid`, a daemon) is its own and is left running. Input and output stream while the command runs,
 //! and only the tail of stderr is kept, so no handler's output grows the worker.
 
+use std::pin::Pin;
 use std::process::Stdio;
 use std::sync::OnceLock;
+use std::task::Poll;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::process::Command;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::process::{ChildStdin, Command};
 
-use super::{Envelope, Handler, HandlerFuture, Outcome, Tail};
+use super::{Envelope, Gate, Handler, HandlerFuture, Outcome, Tail};
 use crate::store::ClaimedDelivery;
 
 /// The limit of open files the worker was started with (soft, hard), when it raised its own: its
@@ -110,7 +112,7 @@ impl ShellHandler {
         (!found).then(|| program.to_owned())
     }
 
-    async fn run(&self, d: &ClaimedDelivery) -> Outcome {
+    async fn run(&self, d: &ClaimedDelivery, gate: Gate<'_>) -> Outcome {
         let envelope = match serde_json::to_vec(&Envelope::of(d)) {
             Ok(v) => v,
             Err(e) => return failed(format!("could not encode the envelope: {e}")),
@@ -135,26 +137,32 @@ impl ShellHandler {
         // its input cannot wait on a full pipe while the worker waits on the other; both end
         // with the command's own exit, whatever its descendants keep open.
         let ran = tokio::time::timeout(self.timeout, async {
-            let io = async {
-                futures_util::future::join(
-                    feed(stdin, &envelope),
-                    read_into(&mut err, &mut stderr),
-                )
-                .await;
+            let feeding = async {
+                if feed(stdin, &envelope, gate).await {
+                    std::future::pending().await
+                }
+            };
+            let reading = async {
+                read_into(&mut err, &mut stderr).await;
                 std::future::pending::<()>().await
             };
             tokio::select! {
-                status = child.wait() => status,
-                () = io => unreachable!("pending never ends"),
+                status = child.wait() => Some(status),
+                () = feeding => None,
+                () = reading => unreachable!("pending never ends"),
             }
         })
         .await;
-        let Ok(status) = ran else {
+        let Ok(ran) = ran else {
             group.kill();
             return failed(format!(
                 "timed out after {}; the process group was killed",
                 humantime::format_duration(self.timeout)
             ));
+        };
+        let Some(status) = ran else {
+            // Killed (with the group, as the guard goes) before it had its whole envelope.
+            return Outcome::Withheld;
         };
         group.linger();
         // What the command wrote before its exit is in the pipe; a process that left the group
@@ -205,10 +213,28 @@ impl ShellHandler {
     }
 }
 
-/// Writes the envelope to the command's stdin and closes it. A command that does not read its
-/// stdin closes the pipe early; that is its choice.
-async fn feed(mut stdin: tokio::process::ChildStdin, envelope: &[u8]) {
-    let _ = stdin.write_all(envelope).await;
+/// Writes the envelope to the command's stdin and closes it, asking `gate` before every write
+/// and before the close, in the same poll as each: nothing of the delivery reaches the command,
+/// and it never sees the envelope end, once the worker cannot vouch for its lease (a fork that
+/// a stop signal interrupts is redone after the process continues, and a write may wait for
+/// the pipe). False when the gate said no. A command that closes its stdin early has made its
+/// choice: that counts as sent.
+async fn feed(mut stdin: ChildStdin, envelope: &[u8], gate: Gate<'_>) -> bool {
+    let mut sent = 0;
+    std::future::poll_fn(|cx| loop {
+        if !gate() {
+            return Poll::Ready(false);
+        }
+        if sent == envelope.len() {
+            return Poll::Ready(true);
+        }
+        match Pin::new(&mut stdin).poll_write(cx, &envelope[sent..]) {
+            Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(true),
+            Poll::Ready(Ok(n)) => sent += n,
+            Poll::Pending => return Poll::Pending,
+        }
+    })
+    .await
 }
 
 /// Reads `from` to its end, keeping the tail.
@@ -262,7 +288,7 @@ fn failed(error: String) -> Outcome {
 }
 
 impl Handler for ShellHandler {
-    fn handle<'a>(&'a self, delivery: &'a ClaimedDelivery) -> HandlerFuture<'a> {
-        Box::pin(self.run(delivery))
+    fn handle<'a>(&'a self, delivery: &'a ClaimedDelivery, gate: Gate<'a>) -> HandlerFuture<'a> {
+        Box::pin(self.run(delivery, gate))
     }
 }

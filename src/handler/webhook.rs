@@ -11,7 +11,7 @@ use hmac::{Hmac, Mac};
 use reqwest::header::{HeaderValue, CONTENT_TYPE, LOCATION, RETRY_AFTER};
 use sha2::Sha256;
 
-use super::{Envelope, Handler, HandlerFuture, Outcome, Tail};
+use super::{Envelope, Gate, Handler, HandlerFuture, Outcome, Tail};
 use crate::store::ClaimedDelivery;
 
 const BODY_TAIL: usize = 512;
@@ -75,7 +75,7 @@ impl WebhookHandler {
         }
     }
 
-    async fn run(&self, d: &ClaimedDelivery) -> Outcome {
+    async fn run(&self, d: &ClaimedDelivery, gate: Gate<'_>) -> Outcome {
         let body = match serde_json::to_vec(&Envelope::of(d)) {
             Ok(b) => b,
             Err(e) => return failed(format!("could not encode the envelope: {e}"), None),
@@ -95,6 +95,9 @@ impl WebhookHandler {
                 .header("webhook-id", id.as_str())
                 .header("webhook-timestamp", timestamp.to_string())
                 .header("webhook-signature", secret.sign(id, timestamp, &body));
+        }
+        if !gate() {
+            return Outcome::Withheld;
         }
         let mut response = match request.body(body).send().await {
             Ok(r) => r,
@@ -177,8 +180,8 @@ fn parse_retry_after(value: &str) -> Option<Duration> {
 }
 
 impl Handler for WebhookHandler {
-    fn handle<'a>(&'a self, delivery: &'a ClaimedDelivery) -> HandlerFuture<'a> {
-        Box::pin(self.run(delivery))
+    fn handle<'a>(&'a self, delivery: &'a ClaimedDelivery, gate: Gate<'a>) -> HandlerFuture<'a> {
+        Box::pin(self.run(delivery, gate))
     }
 }
 

@@ -184,6 +184,9 @@ impl Dispatch for AnyStore {
     async fn renew(&self, owner: &str, lease: Duration, running: &[String]) -> Result<u64> {
         on_engine!(self, s => s.renew(owner, lease, running).await)
     }
+    async fn confirm(&self, owner: &str, lease: Duration, token: &LeaseToken) -> Result<bool> {
+        on_engine!(self, s => s.confirm(owner, lease, token).await)
+    }
     async fn release(&self, owner: &str, aborted: &[LeaseToken]) -> Result<u64> {
         on_engine!(self, s => s.release(owner, aborted).await)
     }

@@ -8,10 +8,45 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-/// The first cool-down of an opened breaker; each one after a failed probe doubles it.
-pub const BREAKER_COOLDOWN: Duration = Duration::from_secs(30);
-/// The longest cool-down.
-pub const BREAKER_MAX_COOLDOWN: Duration = Duration::from_secs(600);
+use crate::bounds::Bounds;
+
+/// How a handler's circuit breaker behaves, set per handler where the worker's handlers are
+/// configured. A worker applies its own when an attempt of its opens the breaker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BreakerPolicy {
+    /// Requests failing in a row that open the breaker.
+    pub threshold: i32,
+    /// The longest cool-down: each after a failed probe doubles, up to this.
+    pub max_cooldown: Duration,
+}
+
+impl BreakerPolicy {
+    pub const THRESHOLD: i32 = 10;
+    pub const THRESHOLD_LIMIT: i32 = 10_000;
+    /// The first cool-down of an opened breaker.
+    pub const COOLDOWN: Duration = Duration::from_secs(30);
+    pub const MAX_COOLDOWN: Duration = Duration::from_secs(600);
+    /// From the first cool-down to a day.
+    pub const MAX_COOLDOWN_BOUNDS: Bounds = Bounds::new(Self::COOLDOWN, Bounds::UP_TO_A_DAY.max);
+
+    /// The cool-down after the breaker's `opened`th opening in a row.
+    pub fn cooldown(&self, opened: i32) -> chrono::Duration {
+        let doublings = opened.clamp(1, 16) as u32 - 1;
+        let wait = Self::COOLDOWN
+            .saturating_mul(1 << doublings)
+            .min(self.max_cooldown);
+        chrono::Duration::from_std(wait).expect("a day fits")
+    }
+}
+
+impl Default for BreakerPolicy {
+    fn default() -> Self {
+        Self {
+            threshold: Self::THRESHOLD,
+            max_cooldown: Self::MAX_COOLDOWN,
+        }
+    }
+}
 
 /// One handler's controls. A handler without a row has the default: running, breaker closed.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -92,20 +127,22 @@ impl HandlerControl {
         paused
     }
 
-    /// Counts a failed request; the breaker opens at `threshold` failures in a row, and opens
-    /// again, for twice as long, when its probe fails. True when this failure opened it.
-    pub fn failed(&mut self, threshold: i32, probe: bool, now: DateTime<Utc>) -> bool {
+    /// Counts a failed request; the breaker opens at the policy's threshold of failures in a
+    /// row, and opens again, for twice as long, when its probe fails. True when this failure
+    /// opened it.
+    pub fn failed(&mut self, policy: BreakerPolicy, probe: bool, now: DateTime<Utc>) -> bool {
         self.failures = self.failures.saturating_add(1);
-        let opens = probe || (self.open_until.is_none() && self.failures >= threshold);
+        let opens = probe || (self.open_until.is_none() && self.failures >= policy.threshold);
         if opens {
             self.opened = self.opened.saturating_add(1);
-            self.open_until = Some(now + cooldown(self.opened));
+            self.open_until = Some(now + policy.cooldown(self.opened));
         }
         opens
     }
 
-    /// A request that succeeded closes the breaker. False when it was closed with no failures.
-    pub fn succeeded(&mut self) -> bool {
+    /// A request that succeeded, or an operator, closes the breaker. False when it was closed
+    /// with no failures.
+    pub fn close_breaker(&mut self) -> bool {
         let before = (self.failures, self.opened, self.open_until);
         (self.failures, self.opened, self.open_until) = (0, 0, None);
         before != (0, 0, None)
@@ -113,22 +150,13 @@ impl HandlerControl {
 
     /// Takes the probe of a breaker whose cool-down ended: the others wait another cool-down
     /// for its answer (and probe again after it, should the prober die). False for all but one.
-    pub fn take_probe(&mut self, now: DateTime<Utc>) -> bool {
+    pub fn take_probe(&mut self, policy: BreakerPolicy, now: DateTime<Utc>) -> bool {
         if self.breaker(now) != Breaker::ProbeDue {
             return false;
         }
-        self.open_until = Some(now + cooldown(self.opened));
+        self.open_until = Some(now + policy.cooldown(self.opened));
         true
     }
-}
-
-/// The cool-down after the breaker's `opened`th opening in a row.
-pub fn cooldown(opened: i32) -> chrono::Duration {
-    let doublings = opened.clamp(1, 16) as u32 - 1;
-    let wait = BREAKER_COOLDOWN
-        .saturating_mul(1 << doublings)
-        .min(BREAKER_MAX_COOLDOWN);
-    chrono::Duration::from_std(wait).expect("ten minutes fit")
 }
 
 #[cfg(test)]
@@ -138,27 +166,35 @@ mod tests {
     #[test]
     fn the_breaker_opens_at_the_threshold_and_each_failed_probe_doubles_the_cool_down() {
         let now = Utc::now();
+        let policy = BreakerPolicy::default();
         let mut c = HandlerControl::new("h");
         for _ in 0..9 {
-            assert!(!c.failed(10, false, now));
+            assert!(!c.failed(policy, false, now));
         }
         assert_eq!(c.breaker(now), Breaker::Closed);
-        assert!(c.failed(10, false, now));
+        assert!(c.failed(policy, false, now));
         assert_eq!(c.open_until, Some(now + chrono::Duration::seconds(30)));
         // A request sent before the breaker opened fails later: counted, the cool-down kept.
-        assert!(!c.failed(10, false, now));
+        assert!(!c.failed(policy, false, now));
         assert_eq!((c.failures, c.opened), (11, 1));
         let later = now + chrono::Duration::seconds(30);
         assert_eq!(c.breaker(later), Breaker::ProbeDue);
-        assert!(c.take_probe(later));
-        assert!(!c.take_probe(later), "one probe at a time");
-        assert!(c.failed(10, true, later));
+        assert!(c.take_probe(policy, later));
+        assert!(!c.take_probe(policy, later), "one probe at a time");
+        assert!(c.failed(policy, true, later));
         assert_eq!(c.open_until, Some(later + chrono::Duration::seconds(60)));
-        let waits: Vec<i64> = (1..=7).map(|n| cooldown(n).num_seconds()).collect();
-        assert_eq!(waits, [30, 60, 120, 240, 480, 600, 600]);
-        assert!(c.succeeded());
+        let waits = |policy: BreakerPolicy| -> Vec<i64> {
+            (1..=7).map(|n| policy.cooldown(n).num_seconds()).collect()
+        };
+        assert_eq!(waits(policy), [30, 60, 120, 240, 480, 600, 600]);
+        let capped = BreakerPolicy {
+            max_cooldown: Duration::from_secs(90),
+            ..policy
+        };
+        assert_eq!(waits(capped), [30, 60, 90, 90, 90, 90, 90]);
+        assert!(c.close_breaker());
         assert_eq!((c.failures, c.opened, c.open_until), (0, 0, None));
-        assert!(!c.succeeded());
+        assert!(!c.close_breaker());
     }
 
     #[test]

@@ -171,6 +171,16 @@ pub trait Dispatch: Send + Sync + 'static {
         running: &[String],
     ) -> impl Future<Output = Result<u64>> + Send;
 
+    /// Whether the owner still holds the token's lane at the token's epoch with the delivery in
+    /// flight; if so its lease is extended by `lease`. A worker asks before it starts a handler
+    /// whose lease its own clock cannot vouch for.
+    fn confirm(
+        &self,
+        owner: &str,
+        lease: Duration,
+        token: &LeaseToken,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
     /// Releases aborted deliveries (no attempt charged) and hands back every lane of the owner.
     fn release(
         &self,

@@ -236,3 +236,85 @@ pub fn a_failing_endpoint_opens_the_breaker_and_every_delivery_arrives_once(
     assert!(logged.contains("circuit breaker opened"), "{logged}");
     assert!(logged.contains("circuit breaker closed"), "{logged}");
 }
+
+/// Two workers with different thresholds serve one failing endpoint: the breaker opens at the
+/// lower one, and both workers say it opened, whichever recorded the failure that opened it.
+/// The endpoint comes back; the operator closes the breaker by hand, and every delivery arrives
+/// long before the 30 s cool-down would have ended. A second close changes nothing.
+pub fn an_operator_closes_a_breaker_that_every_worker_saw_open(
+    cmd: &dyn Fn() -> Command,
+    worker: &dyn Fn(&[&str]) -> Spawned,
+) {
+    let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let serving = std::sync::Arc::clone(&up);
+    let server = http::serve_with(move |_, _| {
+        if serving.load(std::sync::atomic::Ordering::SeqCst) {
+            (200, "", "")
+        } else {
+            (503, "", "down")
+        }
+    });
+    publish(cmd, "hook", 10);
+    let args = |threshold: &'static str| {
+        [
+            "--handler",
+            "hook",
+            "--webhook",
+            &server.url,
+            "--concurrency",
+            "1",
+            "--poll-interval",
+            "100ms",
+            "--breaker-threshold",
+            threshold,
+        ]
+        .map(str::to_owned)
+    };
+    let workers: Vec<Spawned> = ["2", "100"]
+        .iter()
+        .map(|t| worker(&args(t).iter().map(String::as_str).collect::<Vec<_>>()))
+        .collect();
+    let open = || {
+        let out = cmd().args(["handlers", "list", "--json"]).output().unwrap();
+        let listed: Value = serde_json::from_str(&stdout(&out)).unwrap();
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h["handler"] == "hook" && h["breaker"] == "open")
+    };
+    wait_until("the breaker open", Duration::from_secs(30), open);
+    // Both workers read the breaker at least once a second.
+    std::thread::sleep(Duration::from_millis(1500));
+    up.store(true, std::sync::atomic::Ordering::SeqCst);
+    let closed = cmd()
+        .args(["handlers", "close-breaker", "hook"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        stdout(&closed),
+        "closed the circuit breaker of `hook`: workers send to its endpoint again within a second\n"
+    );
+    wait_until(
+        "every delivery, before the cool-down ends",
+        Duration::from_secs(20),
+        || {
+            let requests = server.requests.lock().unwrap();
+            requests.iter().filter(|r| r.status == 200).count() == 10
+        },
+    );
+    let again = cmd()
+        .args(["handlers", "close-breaker", "hook"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        stdout(&again),
+        "the circuit breaker of `hook` is closed; nothing changed\n"
+    );
+    for w in workers {
+        signal(&w, nix::sys::signal::Signal::SIGTERM);
+        let logged = stderr(&finish(w, Duration::from_secs(30)));
+        assert!(logged.contains("circuit breaker opened"), "{logged}");
+    }
+    assert_eq!(left(cmd, "hook"), []);
+}

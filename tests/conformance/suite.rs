@@ -357,9 +357,24 @@ pub(crate) async fn a_stale_token_changes_nothing_after_a_takeover<S: Store>(s: 
     assert_eq!((old.epoch, old.claims, first[0].attempts), (1, 0, 0));
     let (none, stats) = s.claim(&request("w2", &["h"])).await.unwrap();
     assert_eq!((none.len(), stats.charged, stats.lanes_taken), (0, 0, 0));
+    // Before a handler starts, its lane is confirmed: the holder's at the claim's epoch, with
+    // the delivery in flight (a lease shorter than the claim's, so the takeover comes on time).
+    let confirm = |owner: &'static str, token: LeaseToken| async move {
+        s.confirm(owner, Duration::from_millis(900), &token)
+            .await
+            .unwrap()
+    };
+    assert!(confirm("w1", old.clone()).await);
+    assert!(!confirm("w2", old.clone()).await);
+    let other_epoch = LeaseToken {
+        epoch: old.epoch + 1,
+        ..old.clone()
+    };
+    assert!(!confirm("w1", other_epoch).await);
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let (none, stats) = s.claim(&request("w2", &["h"])).await.unwrap();
     assert_eq!((none.len(), stats.charged, stats.lanes_taken), (0, 1, 1));
+    assert!(!confirm("w1", old.clone()).await, "the lane changed hands");
     // The lane taken over runs nothing yet but is held: the next claim reads it.
     if let Some(held) = stats.held {
         assert_eq!(held, [old.lane]);
@@ -788,7 +803,7 @@ pub(crate) async fn handler_controls_change_atomically_and_every_instance_reads_
     s: &S,
     other: &S,
 ) {
-    use relaybus::store::controls::HandlerControl;
+    use relaybus::store::controls::{BreakerPolicy, HandlerControl};
     installed(s).await;
     assert_eq!(other.controls().await.unwrap(), []);
     // To the millisecond, as both engines keep it.
@@ -815,7 +830,7 @@ pub(crate) async fn handler_controls_change_atomically_and_every_instance_reads_
         std::slice::from_ref(&expected)
     );
     let fail = |c: &mut HandlerControl| {
-        c.failed(10, false, now);
+        c.failed(BreakerPolicy::default(), false, now);
         true
     };
     let failures = (0..20).map(|i| {
@@ -834,7 +849,7 @@ pub(crate) async fn handler_controls_change_atomically_and_every_instance_reads_
     };
     assert_eq!(s.controls().await.unwrap(), [open]);
     let later = now + chrono::Duration::seconds(30);
-    let probe = |c: &mut HandlerControl| c.take_probe(later);
+    let probe = |c: &mut HandlerControl| c.take_probe(BreakerPolicy::default(), later);
     let probes = futures_util::future::join_all(
         [s, other, s, other].map(|store| store.change_controls("h", &probe)),
     )
@@ -843,7 +858,7 @@ pub(crate) async fn handler_controls_change_atomically_and_every_instance_reads_
     assert_eq!(taken.count(), 1);
     assert_eq!(
         other
-            .change_controls("h", &|c| c.succeeded())
+            .change_controls("h", &|c| c.close_breaker())
             .await
             .unwrap(),
         Some(expected.clone())

@@ -806,6 +806,26 @@ impl Dispatch for MongoStore {
         Ok(updated.matched_count)
     }
 
+    async fn confirm(
+        &self,
+        owner: &str,
+        lease: std::time::Duration,
+        token: &LeaseToken,
+    ) -> Result<bool> {
+        let lanes = self.conn.collection(&self.name(LANES)).await?;
+        let updated = lanes
+            .update_one(
+                doc! {
+                    "_id": i32::from(token.lane), "epoch": token.epoch, "owner": owner,
+                    "holder": &self.holder, "inFlight": &token.delivery_id,
+                },
+                doc! { "$set": { "leaseExpiresAt": after(DateTime::now(), lease) } },
+            )
+            .await
+            .map_err(self.conn.error("could not confirm a lane lease"))?;
+        Ok(updated.matched_count == 1)
+    }
+
     async fn release(&self, owner: &str, aborted: &[LeaseToken]) -> Result<u64> {
         let lanes = self.lane_collection().await?;
         let deliveries = self.conn.collection(&self.name(DELIVERIES)).await?;

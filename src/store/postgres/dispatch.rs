@@ -260,6 +260,29 @@ impl Dispatch for PgStore {
         Ok(rows.len() as u64)
     }
 
+    async fn confirm(
+        &self,
+        owner: &str,
+        lease: std::time::Duration,
+        token: &LeaseToken,
+    ) -> Result<bool> {
+        let mut conn = self.pool.get().await?;
+        let rows = conn
+            .query(
+                &self.sql.confirm,
+                &[
+                    &self.lease_owner(owner),
+                    &ms(lease),
+                    &token.lane,
+                    &token.epoch,
+                    &token.delivery_id,
+                ],
+            )
+            .await
+            .map_err(db("could not confirm a lane lease"))?;
+        Ok(!rows.is_empty())
+    }
+
     async fn release(&self, owner: &str, aborted: &[LeaseToken]) -> Result<u64> {
         let (ids, lanes, epochs, claims) = token_arrays(aborted);
         let owner = self.lease_owner(owner);
@@ -359,6 +382,11 @@ mod tests {
                 "renew",
                 &sql.renew,
                 "'w1', 30000, ARRAY['d0000002h1']".to_owned(),
+            ),
+            (
+                "confirm",
+                &sql.confirm,
+                "'w1', 30000, 7, 1, 'd0000002h1'".to_owned(),
             ),
             ("release", &sql.release, format!("'w1', {tokens}")),
             ("due", &sql.due_exists, "ARRAY['h1']".to_owned()),

@@ -123,6 +123,7 @@ statements! {
     complete_with_history => "delivery/complete_with_history",
     fail => "delivery/fail",
     renew => "delivery/renew",
+    confirm => "delivery/confirm",
     blockers => "delivery/blockers",
     release => "delivery/release",
     due_exists => "delivery/due_exists",
