@@ -188,10 +188,11 @@ fn doctor_on_mongodb_names_drift_and_its_mongosh_fix_repairs_it() {
         "{}",
         stdout(&out)
     );
-    let drifts: [(&str, &str, &str); 5] = [
+    let drifts: [(&str, &str, &str); 6] = [
         ("missing", "d.relaybus_completions.drop()", "FAIL table relaybus_completions"),
         ("redefined", "d.relaybus_deliveries.dropIndex('dead_updated'); d.relaybus_deliveries.createIndex({updatedAt: 1}, {name: 'dead_updated'})", "FAIL index relaybus_deliveries.dead_updated"),
         ("lanes", "d.relaybus_lanes.deleteOne({_id: 9}); d.relaybus_lanes.insertOne({_id: 300, epoch: 0})", "FAIL lanes relaybus_lanes"),
+        ("unsound", "d.relaybus_lanes.updateOne({_id: 7}, {$unset: {epoch: ''}}); d.relaybus_lanes.updateOne({_id: 8}, {$set: {inFlight: 'x'}})", "FAIL lanes relaybus_lanes"),
         ("version", "d.relaybus_schema.deleteOne({_id: 'version'})", "FAIL version relaybus_schema"),
         ("parked", "d.relaybus_deliveries.insertMany([{_id: 'a', eventId: 'e1', handler: 'h', laneId: 1, key: 'k', sequence: 1, status: 'pending', lane: 'parked', dueAt: new Date()}, {_id: 'b', eventId: 'e2', handler: 'h', laneId: 1, key: 'k', sequence: 2, status: 'pending', lane: 'parked', dueAt: new Date()}])", "FAIL parking relaybus_deliveries"),
     ];

@@ -7,6 +7,7 @@ use std::process::{Command as StdCommand, Stdio};
 use std::time::Duration;
 
 use mongodb::bson::{doc, Bson, Document};
+use relaybus::store::lane::lane_of;
 use relaybus::store::prelude::*;
 use relaybus::store::{ClaimRequest, EventLimits, NewEvent, StoreOptions};
 use serde_json::{json, Value};
@@ -816,6 +817,66 @@ fn a_publish_wakes_an_idle_worker_through_the_change_stream() {
         stdout(&out),
         "handled 1, failed attempts 0, dead 0, lease lost 0, released 0\n"
     );
+    // The change event itself woke the worker: the stream never failed (a stream that fails
+    // on each event and wakes the worker by opening again looks the same from outside).
+    assert!(
+        !stderr(&out).contains("wake-up connection lost"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// A lane document that lost its epoch (a hand edit, a partial restore) cannot be fenced on:
+/// workers leave that lane alone, say so once, and drain every other lane; `setup` repairs it,
+/// and its deliveries then run.
+#[test]
+fn a_lane_without_an_epoch_stops_only_that_lane_until_setup_repairs_it() {
+    let m = TestMongo::installed("mongo_unsound_lane");
+    let events: Vec<Value> = (0..40)
+        .map(|i| json!({"id": format!("e{i:02}"), "type": "t", "handlers": ["h"]}))
+        .collect();
+    publish(&m, &events);
+    let broken = i32::from(lane_of(None, "e00"));
+    let lanes = m.collection("lanes");
+    crate::common::block_on(async {
+        lanes
+            .update_one(doc! { "_id": broken }, doc! { "$unset": { "epoch": "" } })
+            .await
+    })
+    .unwrap();
+    let in_broken = events
+        .iter()
+        .filter(|e| i32::from(lane_of(None, e["id"].as_str().unwrap())) == broken)
+        .count();
+    let w = spawn_worker(&m, &["--handler", "h", "--noop", "--poll-interval", "50ms"]);
+    let left = || m.find("deliveries", doc! {}).len();
+    wait_until("every other lane drained", Duration::from_secs(30), || {
+        left() == in_broken
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(left(), in_broken, "the unsound lane's deliveries wait");
+    m.cmd().arg("setup").assert().success();
+    wait_until("the repaired lane drained", Duration::from_secs(30), || {
+        left() == 0
+    });
+    crate::common::signal(&w, nix::sys::signal::Signal::SIGTERM);
+    let out = finish(w, Duration::from_secs(30));
+    assert_eq!(
+        stdout(&out),
+        "handled 40, failed attempts 0, dead 0, lease lost 0, released 0\n"
+    );
+    let logged = stderr(&out);
+    assert_eq!(
+        logged.matches("lane documents break the rules").count(),
+        1,
+        "{logged}"
+    );
+    assert!(logged.contains(&format!("lanes=[{broken}]")), "{logged}");
+    assert!(
+        logged.contains("lane documents repaired; claimed again"),
+        "{logged}"
+    );
+    assert!(!logged.contains("claim failed"), "{logged}");
 }
 
 #[test]

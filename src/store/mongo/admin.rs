@@ -8,7 +8,7 @@ use std::time::Duration;
 use mongodb::bson::{doc, Bson, DateTime, Document, Regex};
 
 use super::json;
-use super::model::{all, chrono, literal, Delivery, Lane};
+use super::model::{all, chrono, lane_ids, literal, Delivery, Lane};
 use super::publish::bson_i64;
 use super::{MongoStore, COMPLETIONS, DELIVERIES, EVENTS, READY};
 use crate::store::lane::lane_of;
@@ -372,7 +372,7 @@ impl Inspect for MongoStore {
         let lanes: Vec<Lane> = all(self
             .lane_collection()
             .await?
-            .find(doc! {})
+            .find(lane_ids())
             .sort(doc! { "_id": 1 })
             .await
             .map_err(&failed)?)

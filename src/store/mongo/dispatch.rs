@@ -10,7 +10,7 @@
 //! a transaction that reads, but never writes, the lanes: a completion and the charge of a
 //! takeover write the same delivery documents, so exactly one of them commits.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use std::time::Duration;
 
@@ -19,7 +19,7 @@ use mongodb::Collection;
 
 use super::conn::transient;
 use super::keys::{held_back, release_keys};
-use super::model::{after, all, all_in, candidate_fields, chrono, Candidate, Lane};
+use super::model::{after, all, all_in, candidate_fields, chrono, lane_ids, Candidate, Lane};
 use super::{MongoStore, COMPLETIONS, DELIVERIES, EVENTS, LANES, READY};
 use crate::backoff::Backoff;
 use crate::store::mongo::json;
@@ -599,6 +599,26 @@ impl MongoStore {
             .collect())
     }
 
+    /// Leaves out the lanes whose documents break the rules: nothing could be fenced on them.
+    /// Each is logged when first found, and once it is sound again.
+    fn leave_unsound(&self, lanes: &mut Vec<Lane>) {
+        let unsound: BTreeSet<i32> = lanes.iter().filter(|l| !l.sound).map(|l| l.lane).collect();
+        let mut known = self.unsound.lock().expect("unsound lanes lock");
+        let new: Vec<i32> = unsound.difference(&known).copied().collect();
+        if !new.is_empty() {
+            tracing::warn!(
+                lanes = ?new,
+                "lane documents break the rules (an integer epoch, inFlight and lost arrays); their deliveries are not claimed until `relaybus setup` or `relaybus doctor --fix-sql` repairs them"
+            );
+        }
+        let mended: Vec<i32> = known.difference(&unsound).copied().collect();
+        if !mended.is_empty() {
+            tracing::info!(lanes = ?mended, "lane documents repaired; claimed again");
+        }
+        *known = unsound;
+        lanes.retain(|l| l.sound);
+    }
+
     /// Ids in flight under live leases, for listings and statistics.
     pub(super) async fn in_flight(&self) -> Result<HashSet<String>> {
         let failed = self.conn.error("could not read the lanes");
@@ -621,9 +641,10 @@ impl Dispatch for MongoStore {
         let failed = self.conn.error("could not claim deliveries");
         let lanes_coll = self.lane_collection().await?;
         let deliveries = self.conn.collection(&self.name(DELIVERIES)).await?;
-        let mut lanes: Vec<Lane> = all(lanes_coll.find(doc! {}).await.map_err(&failed)?)
+        let mut lanes: Vec<Lane> = all(lanes_coll.find(lane_ids()).await.map_err(&failed)?)
             .await
             .map_err(&failed)?;
+        self.leave_unsound(&mut lanes);
         lanes.retain(|l| req.lanes.holds(l.lane));
         let mut stats = ClaimStats::default();
         // Losses of an earlier takeover of ours that could not be charged come first.

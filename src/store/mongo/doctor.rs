@@ -5,7 +5,7 @@
 
 use mongodb::bson::{doc, Bson, Document};
 
-use super::model::all;
+use super::model::{all, LANE_RULES};
 use super::schema::{collection_js, drift, indexes, js, IndexSpec, COLLECTIONS, VERSION_ID};
 use super::{MongoStore, DELIVERIES, LANES, PARKED, SCHEMA};
 use crate::store::doctor::Check;
@@ -88,7 +88,7 @@ impl MongoStore {
         Ok(checks)
     }
 
-    /// Exactly the lanes 0..255.
+    /// Exactly the lanes 0..255, each as the rules say (`LANE_RULES`).
     async fn lane_check(&self) -> Result<Check> {
         let failed = self.conn.error("could not read the store");
         let lanes = self.coll(LANES).await?;
@@ -101,23 +101,50 @@ impl MongoStore {
             .await
             .map_err(&failed)?;
         let subject = self.name(LANES);
-        if (inside, outside) == (256, 0) {
-            return Ok(Check::ok("lanes", subject, "256 lane documents, 0..255"));
-        }
         let coll = collection_js(&self.ns, LANES);
-        let mut fix = format!(
-            "for (let lane = 0; lane < 256; lane++) {{\n  {coll}.updateOne({{ _id: lane }}, {{ $setOnInsert: {{ epoch: NumberLong(\"0\"), owner: null, holder: null, leaseExpiresAt: null, inFlight: [], lost: [] }} }}, {{ upsert: true }});\n}}\n"
-        );
-        if outside > 0 {
-            fix.push_str(&format!(
-                "{coll}.deleteMany({{ _id: {{ $not: {{ $gte: 0, $lt: 256 }} }} }});\n"
+        let (mut found, mut fix) = (vec![], String::new());
+        if (inside, outside) != (256, 0) {
+            found.push(format!(
+                "{inside} of the 256 lane documents, {outside} outside 0..255"
             ));
+            fix.push_str(&format!(
+                "for (let lane = 0; lane < 256; lane++) {{\n  {coll}.updateOne({{ _id: lane }}, {{ $setOnInsert: {{ epoch: NumberLong(\"0\"), owner: null, holder: null, leaseExpiresAt: null, inFlight: [], lost: [] }} }}, {{ upsert: true }});\n}}\n"
+            ));
+            if outside > 0 {
+                fix.push_str(&format!(
+                    "{coll}.deleteMany({{ _id: {{ $not: {{ $gte: 0, $lt: 256 }} }} }});\n"
+                ));
+            }
+        }
+        for rule in &LANE_RULES {
+            let broken: Vec<Document> = all(lanes
+                .find(rule.broken())
+                .projection(doc! { "_id": 1 })
+                .await
+                .map_err(&failed)?)
+            .await
+            .map_err(&failed)?;
+            if !broken.is_empty() {
+                let ids: Vec<String> = broken
+                    .iter()
+                    .filter_map(|d| d.get("_id").map(ToString::to_string))
+                    .collect();
+                found.push(format!(
+                    "lanes {} without {}, not claimed",
+                    ids.join(", "),
+                    rule.rule
+                ));
+                fix.push_str(&rule.repair_js(&coll));
+            }
+        }
+        if found.is_empty() {
+            return Ok(Check::ok("lanes", subject, "256 lane documents, 0..255"));
         }
         Ok(Check::fail(
             "lanes",
             subject,
-            format!("{inside} of the 256 lane documents, {outside} outside 0..255"),
-            "restore exactly the lanes 0..255",
+            found.join("; "),
+            "restore exactly the lanes 0..255, each sound (`relaybus setup` does too)",
         )
         .with_fix(fix))
     }

@@ -50,6 +50,9 @@ pub(crate) struct MongoStore {
     charge_later: std::sync::Mutex<std::collections::HashMap<i32, (std::time::Instant, u32)>>,
     /// What `bench` has counted of the oplog so far.
     tally: std::sync::Mutex<bench::Tally>,
+    /// Lanes whose documents break the rules, as claims last found them: each is logged when
+    /// found, not at every claim.
+    unsound: std::sync::Mutex<std::collections::BTreeSet<i32>>,
     /// Tests hold the next completion between its reads and its writes.
     #[cfg(test)]
     completion_pause: std::sync::Mutex<Option<dispatch::tests::Pause>>,
@@ -63,6 +66,7 @@ impl MongoStore {
             holder: options.instance.clone(),
             charge_later: std::sync::Mutex::default(),
             tally: std::sync::Mutex::default(),
+            unsound: std::sync::Mutex::default(),
             #[cfg(test)]
             completion_pause: std::sync::Mutex::new(None),
             ns,

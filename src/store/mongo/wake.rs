@@ -30,7 +30,8 @@ impl MongoStore {
                         .watch()
                         .pipeline([
                             doc! { "$match": { "operationType": "insert" } },
-                            doc! { "$project": { "_id": 1 } },
+                            // The driver reads `operationType`; `_id` is the resume token.
+                            doc! { "$project": { "operationType": 1 } },
                         ])
                         .await
                         .map_err(&failed),

@@ -5,7 +5,7 @@ use mongodb::bson::{doc, DateTime, Document};
 use mongodb::{Collection, Database, IndexModel};
 
 use super::indexes::*;
-use crate::store::mongo::model::chrono;
+use crate::store::mongo::model::{chrono, LANE_RULES};
 use crate::store::mongo::{
     MongoStore, COMPLETIONS, DELIVERIES, EVENTS, KEY_SEQUENCES, LANES, SCHEMA,
 };
@@ -113,9 +113,10 @@ impl MongoStore {
     }
 
     /// `detect`, and then a store that records 0.2 over documents 0.2 never wrote (an install
-    /// applied over a 0.1 store) is 0.1, so that it is converted. `setup`, `upgrade` and
+    /// applied over a 0.1 store) is 0.1, so that it is converted, and one with a lane document
+    /// that breaks the rules is incomplete, so that `setup` repairs it. `setup`, `upgrade` and
     /// `doctor` look; the check every other command makes does not, since it reads the
-    /// deliveries and events through.
+    /// deliveries and events through (and workers leave such a lane alone meanwhile).
     pub(in crate::store::mongo) async fn detect_thoroughly(&self) -> Result<SchemaStatus> {
         let found = self.detect().await?;
         if matches!(found, SchemaStatus::Current | SchemaStatus::Incomplete)
@@ -123,7 +124,26 @@ impl MongoStore {
         {
             return Ok(SchemaStatus::V01);
         }
+        if found == SchemaStatus::Current && self.unsound_lanes().await? {
+            return Ok(SchemaStatus::Incomplete);
+        }
         Ok(found)
+    }
+
+    /// Whether a lane document breaks the rules (`LANE_RULES`).
+    async fn unsound_lanes(&self) -> Result<bool> {
+        let lanes = self.coll(LANES).await?;
+        for rule in &LANE_RULES {
+            let broken = lanes
+                .find_one(rule.broken())
+                .projection(doc! { "_id": 1 })
+                .await
+                .map_err(self.conn.error("could not read the lanes"))?;
+            if broken.is_some() {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     pub(in crate::store::mongo) async fn detect(&self) -> Result<SchemaStatus> {
@@ -158,12 +178,14 @@ impl MongoStore {
             .map_err(self.conn.error("could not count the lanes"))
     }
 
-    /// Refuses collections of the relaybus names whose documents are not relaybus's.
+    /// Refuses collections of the relaybus names whose documents are not relaybus's: a document
+    /// without one of the fields (of a lane: without all of them, since a lane document that
+    /// lost one is relaybus's to repair).
     pub(in crate::store::mongo) async fn refuse_foreign(&self, existing: &[String]) -> Result<()> {
         let shapes: [(&str, &[&str]); 4] = [
             (EVENTS, &["type", "payload"]),
             (DELIVERIES, &["eventId", "handler", "status"]),
-            (LANES, &["epoch"]),
+            (LANES, &["epoch", "inFlight", "lost"]),
             (KEY_SEQUENCES, &["lastSequence"]),
         ];
         let mut found = vec![];
@@ -171,14 +193,19 @@ impl MongoStore {
             if !existing.iter().any(|e| e == c) {
                 continue;
             }
-            let any: Vec<Document> = fields
+            let missing: Vec<Document> = fields
                 .iter()
                 .map(|f| doc! { *f: { "$exists": false } })
                 .collect();
+            let odd = if c == LANES {
+                doc! { "$and": missing }
+            } else {
+                doc! { "$or": missing }
+            };
             let odd = self
                 .coll(c)
                 .await?
-                .find_one(doc! { "$or": any })
+                .find_one(odd)
                 .projection(doc! { "_id": 1 })
                 .await
                 .map_err(self.conn.error("could not look at the collections"))?;

@@ -1,10 +1,11 @@
 //! The install: collections, indexes, the 256 lanes and the version document.
 
-use mongodb::bson::{doc, Bson, Document};
+use mongodb::bson::{doc, Bson, DateTime, Document};
 
 use super::detect::*;
 use super::indexes::*;
 use crate::store::mongo::conn::command_code;
+use crate::store::mongo::model::LANE_RULES;
 use crate::store::mongo::{MongoStore, COMPLETIONS, DELIVERIES, EVENTS, LANES, SCHEMA};
 use crate::store::{Result, SCHEMA_VERSION};
 
@@ -58,6 +59,13 @@ impl MongoStore {
         db.run_command(doc! { "update": self.name(LANES), "updates": lanes })
             .await
             .map_err(self.conn.error("could not seed the lanes"))?;
+        let lanes = self.coll(LANES).await?;
+        for rule in &LANE_RULES {
+            lanes
+                .update_many(rule.broken(), rule.repair(DateTime::now()))
+                .await
+                .map_err(self.conn.error("could not repair the lanes"))?;
+        }
         self.coll(SCHEMA)
             .await?
             .update_one(

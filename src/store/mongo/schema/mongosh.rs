@@ -5,6 +5,7 @@ use mongodb::bson::{Bson, Document};
 use super::convert::*;
 use super::detect::*;
 use super::indexes::*;
+use crate::store::mongo::model::LANE_RULES;
 use crate::store::mongo::{DELIVERIES, EVENTS, LANES, READY, SCHEMA};
 use crate::store::{Namespace, Script, SCHEMA_VERSION};
 
@@ -90,15 +91,21 @@ pub(in crate::store::mongo) fn install_js(ns: &Namespace) -> String {
             js(&spec.options())
         ));
     }
+    let lanes = collection_js(ns, LANES);
     out.push_str(&format!(
         "\n// Workers lease lanes, not deliveries: 256 lane documents.\n\
          for (let lane = 0; lane < 256; lane++) {{\n\
-         \x20 {}.updateOne({{ _id: lane }}, {{ $setOnInsert: {{ epoch: NumberLong(\"0\"), owner: null,\n\
+         \x20 {lanes}.updateOne({{ _id: lane }}, {{ $setOnInsert: {{ epoch: NumberLong(\"0\"), owner: null,\n\
          \x20   holder: null, leaseExpiresAt: null, inFlight: [], lost: [] }} }}, {{ upsert: true }});\n\
          }}\n\
-         \n// The version, written last: `relaybus setup --check` reads it.\n\
+         // A lane document that breaks the rules is repaired: a new epoch, empty lists.\n"
+    ));
+    for rule in &LANE_RULES {
+        out.push_str(&rule.repair_js(&lanes));
+    }
+    out.push_str(&format!(
+        "\n// The version, written last: `relaybus setup --check` reads it.\n\
          {}.updateOne({{ _id: \"{VERSION_ID}\" }}, {{ $set: {{ version: \"{SCHEMA_VERSION}\" }} }}, {{ upsert: true }});\n",
-        collection_js(ns, LANES),
         collection_js(ns, SCHEMA),
     ));
     out
