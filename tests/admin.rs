@@ -230,7 +230,7 @@ fn processing_lanes_and_stats_are_derived_from_live_leases() {
     let lanes = json_out(&s, &["lanes"]);
     assert_eq!(
         lanes["summary"],
-        json!({"held": 1, "owners": 1, "expired": 0})
+        json!({"held": 1, "owners": 1, "expired": 0, "uncharged": 0})
     );
     let lane = &lanes["lanes"].as_array().unwrap()[0];
     assert_eq!(

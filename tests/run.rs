@@ -819,3 +819,14 @@ fn an_operator_closes_a_breaker_that_every_worker_saw_open() {
         &|args| spawn_worker(&s, args),
     );
 }
+
+/// On PostgreSQL: see `a_killed_worker_s_deliveries_run_beside_a_busy_survivor_within_the_lease`.
+#[test]
+fn a_killed_worker_s_deliveries_run_beside_a_busy_survivor_within_the_lease() {
+    let s = TestSchema::installed("run_busy_survivor");
+    crate::common::drain::a_killed_worker_s_deliveries_run_beside_a_busy_survivor_within_the_lease(
+        &|events| s.publish(events),
+        &|args| spawn_worker(&s, args),
+        10_000,
+    );
+}

@@ -43,7 +43,12 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: LanesArgs) -> Result
     if out.json {
         out.print_json(&json!({
             "lanes": shown,
-            "summary": {"held": held.len(), "owners": owners.len(), "expired": expired},
+            "summary": {
+                "held": held.len(),
+                "owners": owners.len(),
+                "expired": expired,
+                "uncharged": lanes.iter().map(|l| l.uncharged).sum::<i64>(),
+            },
         }))?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -87,8 +92,17 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: LanesArgs) -> Result
             &rows,
         )?;
     }
+    let uncharged: i64 = lanes.iter().map(|l| l.uncharged).sum();
+    let waiting = if uncharged > 0 {
+        format!(
+            "; {uncharged} deliveries of lanes taken over wait for another transaction to end \
+             (see `relaybus doctor`)"
+        )
+    } else {
+        String::new()
+    };
     out.line(format!(
-        "{} lanes held by {} owners, {} expired leases",
+        "{} lanes held by {} owners, {} expired leases{waiting}",
         held.len(),
         owners.len(),
         expired

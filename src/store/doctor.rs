@@ -159,8 +159,29 @@ fn handler_checks(h: &HandlerStats) -> [Check; 2] {
     [lag, dead]
 }
 
-/// Lanes still held by leases that expired: their workers died or froze.
+/// Lanes still held by leases that expired: their workers died or froze. And lanes whose
+/// takeover could not charge its deliveries yet (MongoDB): another transaction still writes
+/// them.
 fn lease_check(lanes: Vec<LaneRow>) -> Check {
+    let waiting: Vec<String> = lanes
+        .iter()
+        .filter(|l| l.uncharged > 0)
+        .map(|l| format!("{} ({})", l.lane, l.uncharged))
+        .collect();
+    if !waiting.is_empty() {
+        return Check::warn(
+            "leases",
+            "lanes",
+            format!(
+                "lanes taken over wait for another transaction to end before their deliveries \
+                 run: lane (deliveries) {}",
+                waiting.join(", ")
+            ),
+            "a worker died inside a transaction that the server keeps for up to its \
+             transactionLifetimeLimitSeconds (60 s by default); nothing to do but wait, or \
+             lower that limit",
+        );
+    }
     let expired: Vec<_> = lanes
         .into_iter()
         .filter(|l| l.owner.is_some() && l.expired)

@@ -544,6 +544,10 @@ pub struct LaneRow {
     pub lease_expires_at: Option<chrono::DateTime<chrono::Utc>>,
     pub expired: bool,
     pub in_flight: i64,
+    /// Deliveries a takeover moved out of flight whose attempt it has not charged yet: on
+    /// MongoDB, another transaction (a dead worker's) still writes them, and they wait until the
+    /// server ends it. Always 0 on PostgreSQL, whose takeover charges in the same statement.
+    pub uncharged: i64,
     pub pending: i64,
     pub oldest_due: Option<chrono::DateTime<chrono::Utc>>,
 }

@@ -136,3 +136,95 @@ pub fn a_dead_worker_s_lane_with_nothing_due_is_let_go(
     let out = finish(w, Duration::from_secs(30));
     assert!(out.status.success(), "{}", stderr(&out));
 }
+
+/// A worker is killed with `kill -9` while its deliveries of `x` run, beside a survivor that
+/// serves `x` too and has a backlog of `backlog` deliveries of `h` (in other lanes) filling
+/// every claim it makes.
+/// The killed worker's deliveries run on the survivor within the lease (5 s) and 5 s more: the
+/// survivor takes the dead lanes over whatever its backlog, and does not wait for it to drain.
+pub fn a_killed_worker_s_deliveries_run_beside_a_busy_survivor_within_the_lease(
+    publish: &dyn Fn(&[Value]),
+    worker: &dyn Fn(&[&str]) -> Spawned,
+    backlog: usize,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("x.log");
+    let started = dir.path().join("started.log");
+    // The backlog in lanes 0..127, the victims in lanes 128..255: a lane's deliveries run in
+    // due order, so a victim behind older backlog in its own lane would wait for that, which is
+    // the order promised, not the takeover measured here.
+    let ids = |prefix: &'static str, lanes: std::ops::Range<i16>| {
+        (0..)
+            .map(move |i| format!("{prefix}{i:05}"))
+            .filter(move |id| lanes.contains(&relaybus::store::lane::lane_of(None, id)))
+    };
+    let busy: Vec<Value> = ids("b", 0..128)
+        .take(backlog)
+        .map(|id| json!({"id": id, "type": "t", "handlers": ["h"]}))
+        .collect();
+    for chunk in busy.chunks(5000) {
+        publish(chunk);
+    }
+    let config = dir.path().join("survivor.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[handlers.h]\nexec = 'cat >/dev/null; sleep 0.2'\n\n[handlers.x]\nexec = 'cat >/dev/null; echo $RELAYBUS_EVENT_ID $RELAYBUS_ATTEMPT >> {}'\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    let lease = ["--lease-duration", "5s", "--poll-interval", "100ms"];
+    let survivor = worker(&[&["--config", config.to_str().unwrap()][..], &lease].concat());
+    let doomed_run = format!(
+        "echo $RELAYBUS_EVENT_ID >> {}; exec sleep 600",
+        started.display()
+    );
+    let doomed = worker(&[&["--handler", "x", "--exec", &doomed_run][..], &lease].concat());
+    let victims: Vec<Value> = ids("x", 128..256)
+        .take(5)
+        .map(|id| json!({"id": id, "type": "t", "handlers": ["x"]}))
+        .collect();
+    // Published once the survivor holds lanes of its own, so that the doomed worker takes the
+    // victims' lanes.
+    std::thread::sleep(Duration::from_secs(2));
+    publish(&victims);
+    let lines = |path: &std::path::Path| {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    super::wait_until(
+        "the doomed worker to run the victims",
+        Duration::from_secs(30),
+        || lines(&started) == 5,
+    );
+    super::signal(&doomed, nix::sys::signal::Signal::SIGKILL);
+    let killed = std::time::Instant::now();
+    drop(doomed);
+    super::wait_until(
+        "the killed worker's deliveries to run on the survivor",
+        Duration::from_secs(60),
+        || lines(&log) == 5,
+    );
+    let took = killed.elapsed();
+    super::signal(&survivor, nix::sys::signal::Signal::SIGTERM);
+    let out = finish(survivor, Duration::from_secs(30));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        took < Duration::from_secs(10),
+        "the killed worker's deliveries ran {took:?} after the kill, past the lease and 5 s"
+    );
+    let mut ran: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    ran.sort();
+    let expected: Vec<String> = victims
+        .iter()
+        .map(|v| format!("{} 2", v["id"].as_str().unwrap()))
+        .collect();
+    assert_eq!(ran, expected, "each at its second attempt, once");
+}

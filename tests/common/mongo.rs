@@ -169,17 +169,20 @@ pub struct OwnServer {
 impl OwnServer {
     /// A server started with these extra options (`--standalone`, `--auth`).
     pub fn start(options: &[&str]) -> Self {
-        Self::start_in(tempfile::tempdir().unwrap(), options)
+        Self::start_in(
+            tempfile::tempdir().unwrap(),
+            super::cluster::free_port(),
+            options,
+        )
     }
 
-    fn start_in(dir: tempfile::TempDir, options: &[&str]) -> Self {
+    fn start_in(dir: tempfile::TempDir, port: u16, options: &[&str]) -> Self {
         let bin = std::env::var("RELAYBUS_TEST_SECANTUSD").unwrap_or_else(|_| {
             format!(
                 "{}/.venv-mongo/bin/secantusd-py",
                 env!("CARGO_MANIFEST_DIR")
             )
         });
-        let port = super::cluster::free_port();
         let child = std::process::Command::new(&bin)
             .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--storage-path"])
             .arg(dir.path().join("data"))
@@ -198,12 +201,13 @@ impl OwnServer {
         Self { port, child, dir }
     }
 
-    /// The same data, served again with other options.
+    /// The same data, served again on the same port with other options, after the server was
+    /// killed (SIGKILL: what it had not written is lost).
     pub fn restart(mut self, options: &[&str]) -> Self {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap());
-        Self::start_in(dir, options)
+        Self::start_in(dir, self.port, options)
     }
 
     pub fn url(&self, credentials: &str) -> String {

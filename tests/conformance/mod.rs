@@ -52,6 +52,7 @@ macro_rules! conformance {
             renew_extends_only_lanes_that_run_the_worker_s_deliveries,
             a_worker_keeps_its_lanes_past_their_lease_until_another_takes_them,
             an_expired_lane_with_deliveries_in_flight_is_taken_over_whatever_is_due,
+            a_busy_worker_takes_a_dead_worker_s_lane_over_beside_a_full_batch,
             a_postponed_delivery_is_due_later_without_an_attempt,
             due_exists_sees_only_due_work_of_the_given_handlers,
             requeue_revives_only_the_selected_dead_deliveries,

@@ -758,6 +758,62 @@ pub(crate) async fn an_expired_lane_with_deliveries_in_flight_is_taken_over_what
     assert_eq!(expired(s.lanes().await.unwrap()), []);
 }
 
+/// A dead worker's lane with a delivery in flight is taken over by a busy worker whose own lane
+/// fills every batch it claims: the claim that finds its lanes by owner takes the dead lane over
+/// and charges its delivery beside a full batch, so that delivery waits for the lease and not
+/// for the survivor's backlog.
+pub(crate) async fn a_busy_worker_takes_a_dead_worker_s_lane_over_beside_a_full_batch<S: Store>(
+    s: &S,
+) {
+    installed(s).await;
+    // The dead worker's delivery in one lane, 25 of the survivor's in another.
+    let in_lane = |lane: i16, n: usize| -> Vec<String> {
+        (0..)
+            .map(|i| format!("e{i}"))
+            .filter(|id| lane_of(None, id) == lane)
+            .take(n)
+            .collect()
+    };
+    let dead_id = in_lane(3, 1).remove(0);
+    publish(s, &[order(&dead_id, None, &["h"])]).await;
+    let short = ClaimRequest {
+        lease: Duration::from_millis(300),
+        ..request("dead", &["h"])
+    };
+    let dead = claim(s, &short).await;
+    assert_eq!(events_of(&dead), std::slice::from_ref(&dead_id));
+    let backlog: Vec<NewEvent> = in_lane(9, 25)
+        .iter()
+        .map(|id| order(id, None, &["h"]))
+        .collect();
+    publish(s, &backlog).await;
+    let (first, stats) = s.claim(&request("busy", &["h"])).await.unwrap();
+    assert_eq!((first.len(), stats.charged), (10, 0));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A full batch from the held lane, no search for more lanes, found by owner.
+    let census = ClaimRequest {
+        new_lanes: 0,
+        outstanding: first.iter().map(|d| d.token.delivery_id.clone()).collect(),
+        held: None,
+        ..request("busy", &["h"])
+    };
+    let (second, stats) = s.claim(&census).await.unwrap();
+    assert!(
+        second.iter().all(|d| d.token.lane == 9),
+        "{:?}",
+        events_of(&second)
+    );
+    assert_eq!((second.len(), stats.charged, stats.lanes_taken), (10, 1, 1));
+    let lanes = s.lanes().await.unwrap();
+    assert_eq!(lanes[3].owner.as_deref(), Some("busy"));
+    let charged = s
+        .show_delivery(&dead[0].token.delivery_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(charged.delivery.attempts, 1);
+}
+
 /// A process that restarts and reuses its owner name is another store instance: it does not
 /// adopt the live lanes of its dead predecessor, and takes them over, charged, once their lease
 /// expires.

@@ -8,19 +8,26 @@
 -- $12 the lanes the stream's previous claim reported it holds, or NULL to find them by owner.
 -- More lanes than $5 are taken when the held lanes' room leaves more of the batch to fill.
 -- params: text, float8, text[], int8, int8, int4[], text[], int2, int4, int2, int2, int2[]
-WITH ours AS (
+WITH census AS MATERIALIZED (
+  -- A census ($12 NULL: a stream's first claim, one after a failure, and one every tenth of
+  -- the lease) reads every lane of the stream once: the lanes this worker holds, and the
+  -- expired ones another worker left with deliveries in flight (a dead worker's), which are
+  -- taken over whatever the batch leaves room for, so that their deliveries wait for the
+  -- lease and not for this worker's backlog. Other claims skip it (a one-time filter).
+  SELECT o.lane, o.lease_owner = $1 AS mine FROM "{{schema}}"."{{prefix}}lanes" o
+   WHERE $12 IS NULL AND o.lane % $10 = $11
+     AND (o.lease_owner = $1 OR (o.lease_expires_at <= now() AND cardinality(o.in_flight) > 0))
+), ours AS (
   -- The lanes of the stream this worker holds, as the snapshot shows them, and the room each
   -- has for more deliveries: a lane that runs $9 is neither picked from nor written, so it is
   -- not locked either (a row lock is a write). A lane whose lease expired is still this
   -- worker's until another takes it over (the epoch fences every write, not the clock), so a
   -- worker that stalled past its lease keeps its lanes and its running deliveries' tokens.
-  -- They are named as the previous claim reported them: finding them by owner reads every
-  -- lane's page, which only a stream's first claim and one after a failure do.
+  -- They are named as the previous claim reported them, or as the census found them.
   SELECT l.lane, greatest($9 - (SELECT count(*) FROM unnest(l.in_flight) AS x
                                   WHERE x IN (SELECT unnest($7::text[]))), 0) AS room
     FROM "{{schema}}"."{{prefix}}lanes" l
-   WHERE l.lane = ANY (coalesce($12, ARRAY(SELECT o.lane FROM "{{schema}}"."{{prefix}}lanes" o
-                                            WHERE o.lease_owner = $1)))
+   WHERE l.lane = ANY (coalesce($12, ARRAY(SELECT lane FROM census WHERE mine)))
      AND l.lease_owner = $1 AND l.lane % $10 = $11
 ), held AS (
   -- Those with room, locked (a takeover of them waits, and one that committed first leaves
@@ -35,13 +42,10 @@ WITH ours AS (
   -- Free or expired lanes of the stream, not this worker's, probed one by one from the $8th
   -- until enough are found: $5, or more when the held lanes lack room for the batch (the last
   -- batch may still be recorded in them). A lane qualifies with due work for these handlers
-  -- (the probe follows the due index's order). When the claim finds its lanes by owner ($12
-  -- NULL, which a stream does once a second), an expired lane with deliveries in flight
-  -- qualifies too: a dead worker's lane is taken over, and its deliveries charged, whatever is
-  -- due. Each test is a scalar subquery, so that the probe stops at the limit (as a join, the
-  -- planner sorts and reads every lane), and CASE keeps their order: most lanes have nothing
-  -- due, and only the lanes that have are read, but for the sweep's. coalesce makes a miss
-  -- false, which ends the test, where NULL would read on.
+  -- (the probe follows the due index's order). Each test is a scalar subquery, so that the
+  -- probe stops at the limit (as a join, the planner sorts and reads every lane), and CASE
+  -- keeps their order: most lanes have nothing due, and only the lanes that have are read.
+  -- coalesce makes a miss false, which ends the test, where NULL would read on.
   SELECT c.lane FROM (SELECT ($11 + $10 * ((g + $8) % (256 / $10)))::int2 AS lane
                         FROM generate_series(0, 256 / $10 - 1) g) c
    WHERE c.lane NOT IN (SELECT lane FROM ours)
@@ -52,18 +56,16 @@ WITH ours AS (
               THEN coalesce((SELECT true FROM "{{schema}}"."{{prefix}}lanes" l
                               WHERE l.lane = c.lane
                                 AND (l.lease_owner IS NULL OR l.lease_expires_at <= now())), false)
-              ELSE $12 IS NULL
-                   AND coalesce((SELECT true FROM "{{schema}}"."{{prefix}}lanes" l
-                                  WHERE l.lane = c.lane AND l.lease_expires_at <= now()
-                                    AND cardinality(l.in_flight) > 0), false)
+              ELSE false
          END
    LIMIT greatest($5, (SELECT ceil(($4 - coalesce(sum(room), 0)) / $9::numeric) FROM ours))
 ), taken AS (
-  -- The candidates, locked unless another claimer has them, and still free (a lane this
-  -- worker held without knowing it, after a claim whose answer was lost, is taken like any).
+  -- The candidates and the lanes the census found abandoned, locked unless another claimer
+  -- has them, and still free (a lane this worker held without knowing it, after a claim whose
+  -- answer was lost, is taken like any).
   SELECT l.lane, l.epoch, l.in_flight, l.lease_owner IS NOT NULL AS takeover
     FROM "{{schema}}"."{{prefix}}lanes" l
-   WHERE l.lane IN (SELECT lane FROM candidates)
+   WHERE l.lane IN (SELECT lane FROM candidates UNION SELECT lane FROM census WHERE NOT mine)
      AND (l.lease_owner IS NULL OR l.lease_expires_at <= now())
    FOR UPDATE SKIP LOCKED
 ), seen AS (
@@ -141,10 +143,15 @@ WITH ours AS (
   LIMIT $4
 ), picks AS (
   SELECT lane, array_agg(id) AS ids FROM picked GROUP BY lane
+), batch AS (
+  -- Whether the batch had room left: then a held lane that got nothing has nothing due for
+  -- these handlers. With a full batch it may have (a lane taken over from a dead worker
+  -- does), and it is kept for the next claim rather than handed back to wait for a search.
+  SELECT count(*) < $4 AS short FROM picked
 ), written AS (
   -- One write per lane: the new epoch, the lease, and in flight what runs plus what was
-  -- picked. Lanes that run nothing and got nothing are handed back in the same write. The
-  -- lanes are also named as an index condition.
+  -- picked. Lanes that run nothing and got nothing although the batch had room are handed
+  -- back in the same write. The lanes are also named as an index condition.
   UPDATE "{{schema}}"."{{prefix}}lanes" l
      SET epoch = m.epoch,
          lease_owner = CASE WHEN m.takeover OR p.ids IS NOT NULL OR cardinality(m.running) > 0
@@ -154,14 +161,17 @@ WITH ours AS (
          in_flight = m.running || coalesce(p.ids, '{}')
     FROM mine m LEFT JOIN picks p USING (lane)
    WHERE l.lane = m.lane AND l.lane = ANY (ARRAY(SELECT lane FROM mine))
-     AND (m.takeover OR p.ids IS NOT NULL OR (NOT m.fresh AND cardinality(m.running) = 0))
+     AND (m.takeover OR p.ids IS NOT NULL
+          OR (NOT m.fresh AND cardinality(m.running) = 0 AND (SELECT short FROM batch)))
 ), holds AS (
-  -- The stream's lanes this worker holds once the claim commits: full ones left alone, and those
-  -- written with a lease or still running. The next claim starts from these.
+  -- The stream's lanes this worker holds once the claim commits: full ones left alone, those
+  -- written with a lease or still running, and with a full batch the held ones left alone.
+  -- The next claim starts from these.
   SELECT ARRAY(SELECT lane FROM ours WHERE room = 0
                UNION ALL
                SELECT m.lane FROM mine m LEFT JOIN picks p USING (lane)
-                WHERE m.takeover OR p.ids IS NOT NULL OR cardinality(m.running) > 0) AS lanes
+                WHERE m.takeover OR p.ids IS NOT NULL OR cardinality(m.running) > 0
+                   OR (NOT m.fresh AND NOT (SELECT short FROM batch))) AS lanes
 )
 -- Always one row at least: the takeover counts and the lanes held, with NULL delivery columns
 -- when nothing was picked. Each delivery's event is one probe of its key (a lateral lookup,

@@ -425,6 +425,7 @@ impl Inspect for MongoStore {
                     lane: l.lane as i16,
                     expired: l.lease_expires_at.is_some_and(|at| at <= now),
                     in_flight: l.in_flight.iter().filter(|id| still.contains(*id)).count() as i64,
+                    uncharged: l.lost.len() as i64,
                     owner: l.owner,
                     epoch: l.epoch,
                     lease_expires_at: l.lease_expires_at.map(chrono),

@@ -10,7 +10,7 @@ use mongodb::bson::Document;
 use mongodb::error::{ErrorKind, TRANSIENT_TRANSACTION_ERROR, UNKNOWN_TRANSACTION_COMMIT_RESULT};
 use mongodb::event::command::CommandEvent;
 use mongodb::event::EventHandler;
-use mongodb::options::{ClientOptions, ConnectionString};
+use mongodb::options::{Acknowledgment, ClientOptions, ConnectionString, WriteConcern};
 use mongodb::{Client, ClientSession, Collection, Database};
 use tokio::sync::OnceCell;
 
@@ -64,6 +64,16 @@ impl Connection {
                     .server_selection_timeout
                     .get_or_insert(SERVER_SELECTION_TIMEOUT);
                 options.max_pool_size = Some(self.pool_size);
+                // Every write is acknowledged once a majority has it in its journal (the
+                // default of a replica set, asked for so that a server configured otherwise does
+                // not acknowledge a claim it may lose: a claim lost in a crash is a delivery
+                // that runs again as if for the first time). A URL that says otherwise wins.
+                options.write_concern.get_or_insert_with(|| {
+                    WriteConcern::builder()
+                        .w(Acknowledgment::Majority)
+                        .journal(true)
+                        .build()
+                });
                 let operations = Arc::clone(&self.operations);
                 options.command_event_handler =
                     Some(EventHandler::callback(move |event: CommandEvent| {

@@ -195,51 +195,42 @@ impl MongoStore {
             && l.holder.as_deref() == Some(self.holder.as_str())
     }
 
-    /// The free or expired lanes to take, `new_lanes` at most, split into fresh ones and
-    /// takeovers: first those with due work (the probe's), then lanes a dead worker left with
-    /// deliveries in flight or losses not charged, whatever is due, so that every such lane is
-    /// taken over and its deliveries charged.
+    /// Expired lanes that another worker left with deliveries in flight or losses not charged
+    /// (a dead worker's): every claim takes them over, whatever the batch leaves room for, so
+    /// that their deliveries wait for the lease and not for this worker's backlog.
+    fn abandoned<'l>(&self, lanes: &'l [Lane], req: &ClaimRequest, now: DateTime) -> Vec<&'l Lane> {
+        lanes
+            .iter()
+            .filter(|l| !l.live(now) && !self.mine(l, req) && l.owner.is_some())
+            .filter(|l| !(l.in_flight.is_empty() && l.lost.is_empty()))
+            .collect()
+    }
+
+    /// The free or expired lanes with due work to take, `new_lanes` at most (the probe's), but
+    /// for those already `taken`, split into fresh ones and takeovers.
     async fn lanes_to_take<'l>(
         &self,
         coll: &Collection<Document>,
         lanes: &'l [Lane],
+        taken: &[&Lane],
         req: &ClaimRequest,
         now: DateTime,
     ) -> Result<(Vec<&'l Lane>, Vec<&'l Lane>)> {
         let free: Vec<&Lane> = lanes
             .iter()
             .filter(|l| !l.live(now) && !self.mine(l, req))
+            .filter(|l| !taken.iter().any(|t| t.lane == l.lane))
             .collect();
-        let mut chosen = self.probe(coll, &free, req, now).await?;
-        let abandoned = free
-            .iter()
-            .filter(|l| l.owner.is_some() && !(l.in_flight.is_empty() && l.lost.is_empty()));
-        for l in abandoned {
-            if chosen.len() as i64 >= req.new_lanes {
-                break;
-            }
-            if !chosen.contains(&l.lane) {
-                chosen.push(l.lane);
-            }
-        }
-        let (mut fresh, mut takeovers) = (vec![], vec![]);
-        for lane in chosen {
-            let l = *free
-                .iter()
-                .find(|l| l.lane == lane)
-                .expect("chosen lanes are free");
-            if l.in_flight.is_empty() && l.lost.is_empty() {
-                fresh.push(l);
-            } else {
-                takeovers.push(l);
-            }
-        }
-        Ok((fresh, takeovers))
+        let chosen = self.probe(coll, &free, req, now).await?;
+        Ok(free
+            .into_iter()
+            .filter(|l| chosen.contains(&l.lane))
+            .partition(|l| l.in_flight.is_empty() && l.lost.is_empty()))
     }
 
     /// One conditional update per lane the claim writes, and what each means to do: held lanes
-    /// get their picks beside what still runs, or are handed back when they run nothing (unless
-    /// they keep losses to charge); fresh lanes are taken with their picks; taken-over lanes move
+    /// get their picks beside what still runs, or are handed back when they run nothing and the
+    /// batch had room (unless they keep losses to charge); fresh lanes are taken with their picks; taken-over lanes move
     /// what was in flight into `lost` and are picked from by the next claim.
     fn lane_updates(
         &self,
@@ -249,6 +240,9 @@ impl MongoStore {
         picks: Vec<Candidate>,
         req: &ClaimRequest,
     ) -> (Vec<Document>, Vec<Intent>) {
+        // With room left in the batch, a held lane that got nothing has nothing due; with a
+        // full batch it may have (a lane taken over from a dead worker does), and it is kept.
+        let short = (picks.len() as i64) < req.batch;
         let mut by_lane: HashMap<i32, Vec<Candidate>> = HashMap::new();
         for p in picks {
             by_lane.entry(p.lane_id).or_default().push(p);
@@ -264,12 +258,13 @@ impl MongoStore {
                 .map(String::as_str)
                 .collect();
             let p = by_lane.remove(&l.lane).unwrap_or_default();
-            let update = if p.is_empty() && running.is_empty() && l.lost.is_empty() {
+            let idle = p.is_empty() && running.is_empty() && l.lost.is_empty();
+            let update = if idle && short {
                 doc! { "$set": {
                     "owner": Bson::Null, "holder": Bson::Null, "leaseExpiresAt": Bson::Null,
                     "inFlight": [],
                 } }
-            } else if p.is_empty() && running.len() == l.in_flight.len() {
+            } else if p.is_empty() && (idle || running.len() == l.in_flight.len()) {
                 continue;
             } else {
                 let in_flight: Vec<&str> = running
@@ -452,6 +447,13 @@ impl MongoStore {
                         .lock()
                         .expect("charge lock")
                         .remove(&u.lane);
+                    if later.is_some() {
+                        tracing::info!(
+                            lane = u.lane,
+                            deliveries = n,
+                            "the taken-over lane's deliveries are charged and run again"
+                        );
+                    }
                 }
                 Err(e) if transient(&e) => {
                     let tries = later.map_or(1, |(_, n)| n + 1);
@@ -460,12 +462,20 @@ impl MongoStore {
                         .lock()
                         .expect("charge lock")
                         .insert(u.lane, (at, tries));
-                    tracing::debug!(
-                        lane = u.lane,
-                        error = %format!("{e:#}"),
-                        "the deliveries of a taken-over lane are still written by another \
-                         transaction; charging them at a later claim"
-                    );
+                    let error = format!("{e:#}");
+                    if tries == 1 {
+                        tracing::warn!(
+                            lane = u.lane,
+                            deliveries = u.lost.len(),
+                            error,
+                            "a taken-over lane's deliveries are still written by another \
+                             transaction (a dead worker's: the server ends it within its \
+                             transactionLifetimeLimitSeconds, 60 s by default); they run once it \
+                             is gone"
+                        );
+                    } else {
+                        tracing::debug!(lane = u.lane, error, "still waiting to charge the lane");
+                    }
                 }
                 Err(e) => return Err(e),
             }
@@ -666,17 +676,31 @@ impl Dispatch for MongoStore {
             .collect();
         let mut picks: Vec<Candidate> = vec![];
         let mut blocked = vec![];
-        if !held.is_empty() {
-            let ids: Vec<i32> = held.iter().map(|l| l.lane).collect();
+        // The held lanes that run nothing first (one taken over from a dead worker, say), then
+        // the others, each in due order: a lane's work does not wait for the backlog of lanes
+        // the worker is already serving.
+        let serving = |l: &&Lane| l.in_flight.iter().any(|id| req.outstanding.contains(id));
+        let (serving, idle): (Vec<&Lane>, Vec<&Lane>) = held.iter().copied().partition(serving);
+        for lanes in [idle, serving] {
+            let want = req.batch - picks.len() as i64;
+            if lanes.is_empty() || want <= 0 {
+                continue;
+            }
+            let ids: Vec<i32> = lanes.iter().map(|l| l.lane).collect();
             let (eligible, b) = self
-                .candidates(&deliveries, &ids, &busy, req, now, req.batch)
+                .candidates(&deliveries, &ids, &busy, req, now, want)
                 .await?;
             picks.extend(eligible);
             blocked.extend(b);
         }
-        let (mut fresh, mut takeovers) = (vec![], vec![]);
+        let mut takeovers = self.abandoned(&lanes, req, now);
+        let mut fresh = vec![];
         if req.new_lanes > 0 && (picks.len() as i64) < req.batch {
-            (fresh, takeovers) = self.lanes_to_take(&deliveries, &lanes, req, now).await?;
+            let (f, t) = self
+                .lanes_to_take(&deliveries, &lanes, &takeovers, req, now)
+                .await?;
+            fresh = f;
+            takeovers.extend(t);
             if !fresh.is_empty() {
                 let ids: Vec<i32> = fresh.iter().map(|l| l.lane).collect();
                 let want = req.batch - picks.len() as i64;

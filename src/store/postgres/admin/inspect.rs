@@ -128,6 +128,7 @@ impl Inspect for PgStore {
                 lease_expires_at: r.get(3),
                 expired: r.get(4),
                 in_flight: r.get(5),
+                uncharged: 0,
                 pending: r.get(6),
                 oldest_due: r.get(7),
             })
