@@ -1782,12 +1782,16 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__upgrade)
-            opts="-y -h -V --dry-run --show-sql --yes --force --online --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            opts="-y -h -V --dry-run --show-sql --yes --force --online --contract --quiet-for --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --quiet-for)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --database-url)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0

@@ -33,7 +33,7 @@ complete -c relaybus -n "__fish_relaybus_needs_command" -l no-prepared-statement
 complete -c relaybus -n "__fish_relaybus_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_needs_command" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "setup" -d 'Install the store, or bring it to the current schema in place'
-complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "upgrade" -d 'Convert a 0.1 store to 0.2 in place'
+complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "upgrade" -d 'Convert a 0.1 store to 0.2 in place.'
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "completions" -d 'Print a shell completion script.'
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "schema-sql" -d 'Print the schema as SQL for your own migration tool (Flyway, Atlas, sqitch, a DBA).'
 complete -c relaybus -n "__fish_relaybus_needs_command" -f -a "publish" -d 'Publish events: one from flags, or many as NDJSON on standard input.'
@@ -57,6 +57,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l json -d 'Pri
 complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand setup" -s V -l version -d 'Print version'
+complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l quiet-for -d 'With --contract: how long no 0.1 publisher may have written' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l database-url -d 'Database URL: postgres://user:password@host:port/db (or libpq\'s key=value pairs), or mongodb://host/db?replicaSet=NAME for a MongoDB store. Without it, the file RELAYBUS_DATABASE_URL_FILE names, or else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE) with libpq\'s defaults' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l schema -d 'Schema that holds the relaybus tables [default: public]. On MongoDB, the database that holds the collections [default: the URL\'s database, else relaybus]' -r
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l prefix -d 'Prefix of every relaybus table, index and function name (of every collection on MongoDB)' -r
@@ -66,6 +67,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l show-sql -
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -s y -l yes -d 'Do not ask for confirmation'
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l force -d 'Convert even while 0.1 deliveries hold unexpired leases (their workers must be stopped)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l online -d 'Convert while the application reads and writes: rows are filled in batches of 5,000, indexes built concurrently, and the tables are locked only for catalog changes, at the start and for a fraction of a second at the end. Killed anywhere, run it again. 0.1 publishers may publish until the end. MongoDB conversions are always online'
+complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l contract -d 'End the expansion an online conversion leaves: drop what only 0.1 publishers needed, so that the store is exactly a fresh 0.2 install. Refuses, writing nothing, while a 0.1 publisher wrote within --quiet-for; --force contracts anyway (a 0.1 publisher\'s next write then fails). Locks for milliseconds, waiting at most 500 ms at a time'
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l json -d 'Print results as JSON for scripts (stable field names)'
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -l no-prepared-statements -d 'Send every statement unnamed, as relaybus does on its own when it finds a transaction pooler (PgBouncer in transaction mode) between it and the server'
 complete -c relaybus -n "__fish_relaybus_using_subcommand upgrade" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -353,7 +355,7 @@ complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -l no-prepared-
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c relaybus -n "__fish_relaybus_using_subcommand bench" -s V -l version -d 'Print version'
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup upgrade completions schema-sql publish run deliveries events dead purge lanes stats handlers doctor bench help" -f -a "setup" -d 'Install the store, or bring it to the current schema in place'
-complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup upgrade completions schema-sql publish run deliveries events dead purge lanes stats handlers doctor bench help" -f -a "upgrade" -d 'Convert a 0.1 store to 0.2 in place'
+complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup upgrade completions schema-sql publish run deliveries events dead purge lanes stats handlers doctor bench help" -f -a "upgrade" -d 'Convert a 0.1 store to 0.2 in place.'
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup upgrade completions schema-sql publish run deliveries events dead purge lanes stats handlers doctor bench help" -f -a "completions" -d 'Print a shell completion script.'
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup upgrade completions schema-sql publish run deliveries events dead purge lanes stats handlers doctor bench help" -f -a "schema-sql" -d 'Print the schema as SQL for your own migration tool (Flyway, Atlas, sqitch, a DBA).'
 complete -c relaybus -n "__fish_relaybus_using_subcommand help; and not __fish_seen_subcommand_from setup upgrade completions schema-sql publish run deliveries events dead purge lanes stats handlers doctor bench help" -f -a "publish" -d 'Publish events: one from flags, or many as NDJSON on standard input.'

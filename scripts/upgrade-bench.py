@@ -9,8 +9,13 @@ and reports the conversion's time and the publisher's longest transaction. With 
 run finishes it. Afterwards it checks every row: counts, lanes, handlers, the catalog
 (`setup --check`), and that a worker delivers every event once.
 
+With --after S (online), the 0.1 publisher goes on for S seconds after the conversion beside a
+0.2 publisher started when it returns, then `upgrade --contract --force` ends the expansion while
+the 0.2 publisher goes on: a rolling deploy's timeline.
+
 Needs psycopg 3 (`pip install "psycopg[binary]"`). Example:
   scripts/upgrade-bench.py --binary target/release/relaybus --events 1000000 --online --kills 10
+  scripts/upgrade-bench.py --binary target/release/relaybus --events 1000000 --online --after 60 --drain
 """
 
 import argparse
@@ -53,15 +58,38 @@ def load(url, schema, events):
 
 
 class Publisher(threading.Thread):
-    """A 0.1 publisher: one event and its delivery per transaction, `rate` a second."""
+    """A 0.1 publisher: one event and its delivery per transaction, `rate` a second, with 0.1's
+    columns only. With `v02`, a 0.2 publisher instead: the event with its handlers, the delivery
+    with its lane by the publish-time hash, as 0.2's publish writes them."""
 
-    def __init__(self, url, schema, rate):
+    def __init__(self, url, schema, rate, v02=False):
         super().__init__(daemon=True)
-        self.url, self.schema, self.rate = url, schema, rate
+        self.url, self.schema, self.rate, self.v02 = url, schema, rate, v02
         self.stop = threading.Event()
         self.published = 0
         self.longest = 0.0
         self.errors = []
+
+    def publish(self, c, n):
+        if self.v02:
+            c.execute(
+                "INSERT INTO relaybus_events (id, type, payload, handlers) VALUES (%s, 'live', '{}', '{h}')",
+                (f"n{n:08d}",),
+            )
+            c.execute(
+                "INSERT INTO relaybus_deliveries (id, event_id, handler, lane) "
+                "VALUES (%s, %s, 'h', relaybus_lane_of(%s))",
+                (f"nd{n:08d}", f"n{n:08d}", f"n{n:08d}"),
+            )
+        else:
+            c.execute(
+                "INSERT INTO relaybus_events (id, type, payload) VALUES (%s, 'live', '{}')",
+                (f"p{n:08d}",),
+            )
+            c.execute(
+                "INSERT INTO relaybus_deliveries (id, event_id, handler) VALUES (%s, %s, 'h')",
+                (f"pd{n:08d}", f"p{n:08d}"),
+            )
 
     def run(self):
         with psycopg.connect(self.url, autocommit=False) as c:
@@ -73,14 +101,7 @@ class Publisher(threading.Thread):
                 n += 1
                 started = time.monotonic()
                 try:
-                    c.execute(
-                        "INSERT INTO relaybus_events (id, type, payload) VALUES (%s, 'live', '{}')",
-                        (f"p{n:08d}",),
-                    )
-                    c.execute(
-                        "INSERT INTO relaybus_deliveries (id, event_id, handler) VALUES (%s, %s, 'h')",
-                        (f"pd{n:08d}", f"p{n:08d}"),
-                    )
+                    self.publish(c, n)
                     c.commit()
                     self.published += 1
                 except psycopg.Error as e:
@@ -141,6 +162,9 @@ def main():
                    help="kills fall uniformly in this many seconds after each start")
     p.add_argument("--drain", action="store_true", help="deliver every event afterwards and count")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--after", type=float, default=0.0,
+                   help="online: keep the 0.1 publisher this many seconds after the conversion, "
+                        "beside a 0.2 publisher started when it returns, then contract")
     args = p.parse_args()
     random.seed(args.seed)
 
@@ -165,17 +189,35 @@ def main():
     r = relaybus(args, args.binary, args.url, args.schema, *upgrade)
     out, err = r.communicate()
     took = time.monotonic() - started
-    time.sleep(1)
+    assert r.returncode == 0, err
+    newer = Publisher(args.url, args.schema, args.rate, v02=True)
+    if args.after:
+        newer.start()
+        time.sleep(args.after)
+    else:
+        time.sleep(1)
     publisher.stop.set()
     publisher.join()
-    assert r.returncode == 0, err
     print(out.strip().splitlines()[-1])
-    # After the conversion a 0.1 publisher's inserts fail (no lane): the publisher counts them.
+    # An offline conversion ends the 0.1 publisher's time: its inserts fail (no lane) after it.
     print(f"conversion: {took:.1f} s{' after ' + str(args.kills) + ' kills' if args.kills else ''}; "
-          f"publisher: {publisher.published} transactions, longest {publisher.longest * 1000:.0f} ms, "
-          f"{len(publisher.errors)} failed after the conversion "
-          f"({publisher.errors[0] if publisher.errors else '-'})", flush=True)
-    events = check(args, args.url, args.schema, publisher.published)
+          f"0.1 publisher: {publisher.published} transactions, longest {publisher.longest * 1000:.0f} ms, "
+          f"{len(publisher.errors)} failed ({publisher.errors[0] if publisher.errors else '-'})",
+          flush=True)
+    if args.after:
+        started = time.monotonic()
+        r = relaybus(args, args.binary, args.url, args.schema, "upgrade", "--contract", "--yes", "--force")
+        out, err = r.communicate()
+        contracted = time.monotonic() - started
+        assert r.returncode == 0, err
+        time.sleep(1)
+        newer.stop.set()
+        newer.join()
+        print(out.strip().splitlines()[-1])
+        print(f"contract: {contracted:.2f} s; 0.2 publisher (from the conversion's return to after "
+              f"the contract): {newer.published} transactions, longest {newer.longest * 1000:.0f} ms, "
+              f"{len(newer.errors)} failed ({newer.errors[0] if newer.errors else '-'})", flush=True)
+    events = check(args, args.url, args.schema, publisher.published + newer.published)
     print(f"checked: {events} events, lanes and handlers right, setup --check current"
           f"{', every event delivered once' if args.drain else ''}")
 

@@ -188,12 +188,13 @@ fn doctor_on_mongodb_names_drift_and_its_mongosh_fix_repairs_it() {
         "{}",
         stdout(&out)
     );
-    let drifts: [(&str, &str, &str); 6] = [
+    let drifts: [(&str, &str, &str); 7] = [
         ("missing", "d.relaybus_completions.drop()", "FAIL table relaybus_completions"),
         ("redefined", "d.relaybus_deliveries.dropIndex('dead_updated'); d.relaybus_deliveries.createIndex({updatedAt: 1}, {name: 'dead_updated'})", "FAIL index relaybus_deliveries.dead_updated"),
         ("lanes", "d.relaybus_lanes.deleteOne({_id: 9}); d.relaybus_lanes.insertOne({_id: 300, epoch: 0})", "FAIL lanes relaybus_lanes"),
         ("unsound", "d.relaybus_lanes.updateOne({_id: 7}, {$unset: {epoch: ''}}); d.relaybus_lanes.updateOne({_id: 8}, {$set: {inFlight: 'x'}})", "FAIL lanes relaybus_lanes"),
         ("version", "d.relaybus_schema.deleteOne({_id: 'version'})", "FAIL version relaybus_schema"),
+        ("retired", "d.relaybus_deliveries.createIndex({status: 1, lane: 1, dueAt: 1}, {name: 'old_claim'})", "FAIL index relaybus_deliveries.old_claim"),
         ("parked", "d.relaybus_deliveries.insertMany([{_id: 'a', eventId: 'e1', handler: 'h', laneId: 1, key: 'k', sequence: 1, status: 'pending', lane: 'parked', dueAt: new Date()}, {_id: 'b', eventId: 'e2', handler: 'h', laneId: 1, key: 'k', sequence: 2, status: 'pending', lane: 'parked', dueAt: new Date()}])", "FAIL parking relaybus_deliveries"),
     ];
     for (kind, breaks, finding) in drifts {
@@ -221,5 +222,31 @@ fn doctor_on_mongodb_names_drift_and_its_mongosh_fix_repairs_it() {
             stdout(&after)
         );
     }
+    // An application's index is listed, and kept.
+    let m = TestMongo::installed("doctor_mongo_foreign");
+    mongosh(&format!(
+        "db.getSiblingDB('{}').relaybus_deliveries.createIndex({{handler: 1, createdAt: -1}}, {{name: 'app_by_handler'}})",
+        m.name
+    ));
+    let out = m.cmd().arg("doctor").output().unwrap();
+    let (code, rows) = findings(&out);
+    let index: Vec<&String> = rows.iter().filter(|r| r.contains(" index ")).collect();
+    assert_eq!(
+        (code, index),
+        (
+            Some(3),
+            vec![
+                &"ok index indexes".to_owned(),
+                &"warn index relaybus_deliveries.app_by_handler".to_owned()
+            ]
+        ),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stdout(&out).contains(r#"not relaybus's: {"handler":1,"createdAt":-1}"#),
+        "{}",
+        stdout(&out)
+    );
     let _ = mongo_url();
 }

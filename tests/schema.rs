@@ -3,16 +3,18 @@
 use crate::common::{on_a_terminal, stderr, stdout, TestSchema};
 
 /// The catalog of a schema: tables, columns, indexes, constraints and storage options.
-fn catalog(s: &TestSchema) -> Vec<String> {
+pub(crate) fn catalog(s: &TestSchema) -> Vec<String> {
     let n = &s.name;
     let mut out = s.rows(&format!(
         "SELECT 'table', c.relname, coalesce(array_to_string(c.reloptions, ','), '') \
            FROM pg_class c JOIN pg_namespace ns ON ns.oid = c.relnamespace \
           WHERE ns.nspname = '{n}' AND c.relkind = 'r' ORDER BY c.relname"
     ));
+    // In the order a `SELECT *` or a schema-diff tool sees them, positions aside: a converted
+    // table keeps its dropped columns' numbers.
     out.extend(s.rows(&format!(
         "SELECT 'column', table_name, column_name, data_type, is_nullable, coalesce(column_default, '') \
-           FROM information_schema.columns WHERE table_schema = '{n}' ORDER BY table_name, column_name"
+           FROM information_schema.columns WHERE table_schema = '{n}' ORDER BY table_name, ordinal_position"
     )));
     out.extend(s.rows(&format!(
         "SELECT 'index', indexname, replace(indexdef, '{n}.', 'S.') FROM pg_indexes \
@@ -76,17 +78,17 @@ fn install_creates_exactly_the_0_2_catalog() {
             "id|text|NO",
             "event_id|text|NO",
             "handler|text|NO",
-            "lane|smallint|NO",
             "key|text|YES",
             "sequence|bigint|YES",
             "status|text|NO",
             "attempts|integer|NO",
-            "claims|integer|NO",
             "available_at|timestamp with time zone|NO",
             "last_error|text|YES",
             "created_at|timestamp with time zone|NO",
             "updated_at|timestamp with time zone|NO",
             "completed_at|timestamp with time zone|YES",
+            "lane|smallint|NO",
+            "claims|integer|NO",
         ]
     );
     let indexes = s.rows(&format!(
@@ -152,7 +154,7 @@ fn setup_twice_and_check() {
         .args(["setup", "--check", "--json"])
         .assert()
         .success()
-        .stdout("{\n  \"current\": true,\n  \"installed\": \"0.2\",\n  \"expected\": \"0.2\"\n}\n");
+        .stdout("{\n  \"current\": true,\n  \"installed\": \"0.2\",\n  \"expected\": \"0.2\",\n  \"next\": null\n}\n");
 }
 
 #[test]
@@ -498,6 +500,44 @@ fn upgrade_drops_0_1_indexes_by_name_and_keeps_the_application_s() {
     );
 }
 
+/// An application's index whose columns are all in a 0.2 index of its table (here 0.1's keyed
+/// index without its status rule, beside 0.2's lane/key index) is kept, and named as possibly
+/// redundant by the plan and by `doctor`, whose fix script offers its `DROP INDEX CONCURRENTLY`
+/// commented out, for the operator to choose.
+#[test]
+fn an_application_index_covered_by_a_0_2_index_is_named_and_its_drop_offered() {
+    let s = TestSchema::with_fixture_0_1("covered_index");
+    let n = &s.name;
+    s.exec(&format!(
+        "CREATE INDEX app_keyed ON \"{n}\".relaybus_deliveries (handler, key, sequence) WHERE key IS NOT NULL"
+    ));
+    let plan = s.cmd().args(["upgrade", "--dry-run"]).output().unwrap();
+    assert!(
+        stdout(&plan).contains(
+            "its columns are all in 0.2's relaybus_deliveries_lane_key_idx, so it may be redundant"
+        ),
+        "{}",
+        stdout(&plan)
+    );
+    s.cmd().args(["upgrade", "--yes"]).assert().success();
+    let doctor = s.cmd().arg("doctor").output().unwrap();
+    assert_eq!(doctor.status.code(), Some(3), "{}", stdout(&doctor));
+    assert!(
+        stdout(&doctor)
+            .contains("its columns are all in relaybus's relaybus_deliveries_lane_key_idx"),
+        "{}",
+        stdout(&doctor)
+    );
+    let fix = stdout(&s.cmd().args(["doctor", "--fix-sql"]).output().unwrap());
+    assert!(
+        fix.contains(&format!(
+            "-- Covered by relaybus_deliveries_lane_key_idx; uncomment to drop it, outside a transaction:\n-- DROP INDEX CONCURRENTLY \"{n}\".\"app_keyed\";\n"
+        )),
+        "{fix}"
+    );
+    assert!(!fix.lines().any(|l| l.starts_with("DROP INDEX")), "{fix}");
+}
+
 /// An application index on a 0.1 lease column would go with the column: the conversion refuses,
 /// naming the statement that drops it, and writes nothing, by `upgrade`, `setup` and the script.
 #[test]
@@ -652,12 +692,32 @@ fn upgrade_online_converts_the_0_1_fixture_as_the_offline_conversion_does() {
         "{}",
         stdout(&out)
     );
+    let again = s
+        .cmd()
+        .args(["upgrade", "--online", "--yes"])
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&again).starts_with("relaybus schema is 0.2, expanded: 0.1 publishers accepted (no 0.1 write since the conversion); nothing to upgrade."),
+        "{}",
+        stdout(&again)
+    );
+    // Expanded for 0.1 publishers until the contract, which leaves the offline catalog.
+    contract(&s);
     assert_converted(&s);
     s.cmd()
         .args(["upgrade", "--online", "--yes"])
         .assert()
         .success()
         .stdout("relaybus schema is already 0.2; nothing to upgrade\n");
+}
+
+/// Ends the expansion an online conversion left, whatever 0.1 wrote.
+fn contract(s: &TestSchema) {
+    s.cmd()
+        .args(["upgrade", "--contract", "--yes", "--force"])
+        .assert()
+        .success();
 }
 
 /// Killed after its first step, with a 0.2 index left invalid by an interrupted concurrent
@@ -688,6 +748,7 @@ fn upgrade_online_run_again_after_a_kill_finishes_with_what_was_published_meanwh
         0
     );
     assert_published_0_1_converted(&s);
+    contract(&s);
     assert_converted(&s);
 }
 

@@ -19,36 +19,39 @@ END
 $drift$;
 
 -- Events outlive their deliveries: `handlers` remembers every handler an event ever had a
--- delivery for, so a republish never runs a completed handler again.
+-- delivery for, so a republish never runs a completed handler again. The columns stand in the
+-- order a 0.1 store has them after its conversion (which adds 0.2's at the end), so that every
+-- 0.2 store has one catalog.
 CREATE TABLE IF NOT EXISTS "{{schema}}"."{{prefix}}events" (
   id text PRIMARY KEY,
   type text NOT NULL,
   key text,
   payload jsonb NOT NULL,
   headers jsonb NOT NULL DEFAULT '{}',
-  handlers text[] NOT NULL DEFAULT '{}',
-  created_at timestamptz NOT NULL DEFAULT now()
+  created_at timestamptz NOT NULL DEFAULT now(),
+  handlers text[] NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS "{{prefix}}events_created_idx"
   ON "{{schema}}"."{{prefix}}events" (created_at);
 
 -- One row per (event, handler) from publish until completion; completion deletes it. The happy
 -- path never updates a row here, and no index covers a column that the happy path writes.
+-- Columns in the converted 0.1 order, as for events.
 CREATE TABLE IF NOT EXISTS "{{schema}}"."{{prefix}}deliveries" (
   id text PRIMARY KEY,
   event_id text NOT NULL REFERENCES "{{schema}}"."{{prefix}}events" (id) ON DELETE CASCADE,
   handler text NOT NULL,
-  lane smallint NOT NULL CHECK (lane >= 0 AND lane < 256),
   key text,
   sequence bigint,
   status text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'dead', 'completed')),
   attempts int NOT NULL DEFAULT 0,
-  claims int NOT NULL DEFAULT 0,
   available_at timestamptz NOT NULL DEFAULT now(),
   last_error text,
   created_at timestamptz NOT NULL DEFAULT now(),
   updated_at timestamptz NOT NULL DEFAULT now(),
-  completed_at timestamptz
+  completed_at timestamptz,
+  lane smallint NOT NULL CHECK (lane >= 0 AND lane < 256),
+  claims int NOT NULL DEFAULT 0
 ) WITH (autovacuum_vacuum_scale_factor = 0.02);
 -- Idempotent publish and fenced single-row writes.
 CREATE UNIQUE INDEX IF NOT EXISTS "{{prefix}}deliveries_event_handler_unique"

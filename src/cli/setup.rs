@@ -31,13 +31,21 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: SetupArgs) -> Result
     let place = ns.place();
     if args.check {
         let status = store.schema_status().await?;
-        let current = status == SchemaStatus::Current;
+        let current = status.is_current();
+        let expanded = matches!(status, SchemaStatus::Expanded(_));
         if out.json {
             out.print_json(&json!({
                 "current": current,
                 "installed": status.describe(),
                 "expected": SCHEMA_VERSION,
+                "next": expanded.then(|| status.advice()),
             }))?;
+        } else if expanded {
+            out.line(format!(
+                "relaybus schema {SCHEMA_VERSION} is current ({place}): {}; {}",
+                status.describe(),
+                status.advice()
+            ))?;
         } else if current {
             out.line(format!(
                 "relaybus schema {SCHEMA_VERSION} is current ({place})"
@@ -59,7 +67,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: SetupArgs) -> Result
             "before": outcome.before.describe(),
             "after": outcome.after.describe(),
         }))?;
-    } else if outcome.before == SchemaStatus::Current {
+    } else if outcome.before.is_current() {
         out.line(format!(
             "relaybus schema {SCHEMA_VERSION} already installed ({place}); nothing to do"
         ))?;

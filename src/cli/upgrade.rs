@@ -8,23 +8,37 @@ use clap::Args;
 use serde_json::json;
 
 use super::output::{confirm, declined};
-use super::{GlobalArgs, Output};
+use super::{human, within, GlobalArgs, Output};
+use crate::bounds::Bounds;
 use crate::store::prelude::*;
 use crate::store::{
-    schema_script, AnyStore, Conversion, Engine, SchemaStatus, Script, SetupOutcome, StoreOptions,
-    UpgradePlan, UpgradeProgress,
+    schema_script, AnyStore, Conversion, Engine, Expansion, SchemaStatus, Script, SetupOutcome,
+    StoreOptions, UpgradePlan, UpgradeProgress,
 };
 
 /// Convert a 0.1 store to 0.2 in place.
 ///
-/// Prints the plan first (the version found, each step with the rows and objects it changes, what
-/// it locks), then asks for confirmation on a terminal (--yes in scripts) and applies it: in one
-/// transaction that holds the tables throughout, or with --online in short transactions while
-/// the application keeps reading and writing. With --dry-run it stops after the plan, having
-/// written nothing. Stop every 0.1 worker first: the upgrade refuses while 0.1 deliveries hold
-/// unexpired leases unless --force is given. There is no down migration; take a backup. On a
-/// current store it says so and exits 0.
+/// Prints the plan first (the version found, each step with the rows and
+/// objects it changes, what it locks), then asks for confirmation on a
+/// terminal (--yes in scripts) and applies it: in one transaction that holds
+/// the tables throughout, or with --online in short transactions while the
+/// application keeps reading and writing. With --dry-run it stops after the
+/// plan, having written nothing. Stop every 0.1 worker first: the upgrade
+/// refuses while 0.1 deliveries hold unexpired leases unless --force is given.
+/// There is no down migration; take a backup. On a current store it says so
+/// and exits 0.
+///
+/// A rolling deploy: stop the 0.1 workers, `upgrade --online` (the store ends
+/// expanded: 0.2 workers run on it, and 0.1 and 0.2 publishers both write to
+/// it), start 0.2 workers, roll the application to 0.2, then
+/// `upgrade --contract` (after 10 minutes without a 0.1 write).
+///
+///   relaybus upgrade --online --dry-run
+///   relaybus upgrade --online --yes
+///   relaybus upgrade --contract --dry-run
+///   relaybus upgrade --contract --yes
 #[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
 pub struct UpgradeArgs {
     /// Print the plan and stop; write nothing.
     #[arg(long)]
@@ -45,6 +59,15 @@ pub struct UpgradeArgs {
     /// publishers may publish until the end. MongoDB conversions are always online.
     #[arg(long, conflicts_with = "show_sql")]
     pub online: bool,
+    /// End the expansion an online conversion leaves: drop what only 0.1 publishers needed, so
+    /// that the store is exactly a fresh 0.2 install. Refuses, writing nothing, while a 0.1
+    /// publisher wrote within --quiet-for; --force contracts anyway (a 0.1 publisher's next
+    /// write then fails). Locks for milliseconds, waiting at most 500 ms at a time.
+    #[arg(long, conflicts_with_all = ["online", "show_sql"])]
+    pub contract: bool,
+    /// With --contract: how long no 0.1 publisher may have written.
+    #[arg(long, requires = "contract", default_value = human(Expansion::QUIET_FOR), value_parser = within(Bounds::UP_TO_A_MONTH), value_name = "DURATION")]
+    pub quiet_for: std::time::Duration,
 }
 
 impl UpgradeArgs {
@@ -83,6 +106,13 @@ fn print_plan(out: &Output, plan: &UpgradePlan) -> Result<()> {
                 "index {} blocks the conversion: {}; drop it first: {}",
                 i.name, i.definition, i.drop_statement
             )
+        } else if let Some(by) = &i.covered_by {
+            format!(
+                "index {} (not relaybus's, kept): {}; its columns are all in 0.2's {by}, so it \
+                 may be redundant (`doctor --fix-sql` has its DROP INDEX CONCURRENTLY, commented \
+                 out)",
+                i.name, i.definition
+            )
         } else {
             format!("index {} (not relaybus's, kept): {}", i.name, i.definition)
         };
@@ -100,13 +130,27 @@ fn print_plan(out: &Output, plan: &UpgradePlan) -> Result<()> {
 
 pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Result<ExitCode> {
     let store = g.open(StoreOptions::admin())?;
+    if args.contract {
+        return contract(out, &store, &args).await;
+    }
     let ns = store.namespace().clone();
     let plan = store.upgrade_plan(args.conversion()).await?;
     match &plan.found {
         SchemaStatus::V01 => {}
-        SchemaStatus::Current => {
+        // A conversion that stopped in its last step (MongoDB): the plan finishes it.
+        SchemaStatus::Incomplete if !plan.steps.is_empty() => {}
+        found @ (SchemaStatus::Current | SchemaStatus::Expanded(_)) => {
             if out.json {
-                out.print_json(&json!({"found": "0.2", "applied": false, "plan": null}))?;
+                out.print_json(&json!({"found": found.describe(), "applied": false, "plan": null, "next": found.advice()}))?;
+            } else if let SchemaStatus::Expanded(_) = found {
+                out.paragraph(
+                    format!(
+                        "relaybus schema is {}; nothing to upgrade. Next: {}",
+                        found.describe(),
+                        found.advice()
+                    ),
+                    0,
+                )?;
             } else {
                 out.line("relaybus schema is already 0.2; nothing to upgrade")?;
             }
@@ -147,7 +191,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Resu
     };
     let seconds = started.elapsed().as_secs_f64();
     // Another upgrade may have held the setup lock and converted the store meanwhile.
-    let applied = outcome.before == SchemaStatus::V01;
+    let applied = outcome.before != outcome.after;
     if out.json {
         out.print_json(&json!({
             "dry_run": false,
@@ -164,13 +208,23 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Resu
             outcome.before.describe()
         ))?;
     } else {
-        out.line(format!(
-            "upgraded {} \"{}\" from {} to {} in {seconds:.1}s",
-            ns.container(),
-            ns.schema(),
-            outcome.before.describe(),
-            outcome.after.describe()
-        ))?;
+        let (after, expanded) = match &outcome.after {
+            SchemaStatus::Expanded(_) => (
+                SchemaStatus::Current.describe(),
+                "; the store is expanded: 0.1 publishers may go on writing until `relaybus \
+                 upgrade --contract`",
+            ),
+            other => (other.describe(), ""),
+        };
+        out.paragraph(
+            format!(
+                "upgraded {} \"{}\" from {} to {after} in {seconds:.1}s{expanded}",
+                ns.container(),
+                ns.schema(),
+                outcome.before.describe(),
+            ),
+            0,
+        )?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -222,4 +276,67 @@ async fn convert(
         .await;
     bar.finish_and_clear();
     Ok(Some(outcome?))
+}
+
+/// `upgrade --contract`: the plan, then, confirmed, the end of the expansion.
+async fn contract(out: &Output, store: &AnyStore, args: &UpgradeArgs) -> Result<ExitCode> {
+    let Some(plan) = store.contract_plan().await? else {
+        let found = store.schema_status().await?;
+        if out.json {
+            out.print_json(&json!({"contracted": false, "found": found.describe()}))?;
+        } else {
+            out.line(format!(
+                "nothing to contract: relaybus schema is {}",
+                found.describe()
+            ))?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    };
+    if !out.json {
+        out.paragraph(format!("found: {}", plan.expansion.describe()), 2)?;
+        out.line("drops:")?;
+        for d in &plan.drops {
+            out.paragraph(format!("  {d}"), 4)?;
+        }
+        out.paragraph(format!("locks: {}", plan.locks.what), 2)?;
+    }
+    let recent = plan.expansion.recent(args.quiet_for, chrono::Utc::now());
+    if args.dry_run {
+        if out.json {
+            out.print_json(&json!({"dry_run": true, "contracted": false, "plan": plan, "refused": recent && !args.force}))?;
+        } else {
+            if recent && !args.force {
+                out.line(format!(
+                    "would refuse: a 0.1 publisher wrote within --quiet-for {}",
+                    humantime::format_duration(args.quiet_for)
+                ))?;
+            }
+            out.line("dry run: nothing was written")?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    // Refused before the question; the store checks again under its lock.
+    if recent && !args.force {
+        store.contract(args.quiet_for, false).await?;
+    }
+    let question = format!(
+        "Contract {}? A 0.1 publisher's writes fail from then on",
+        store.namespace().place()
+    );
+    if !confirm(&question, args.yes)? {
+        return declined();
+    }
+    let ended = store.contract(args.quiet_for, args.force).await?;
+    if out.json {
+        out.print_json(&json!({"dry_run": false, "contracted": ended.is_some(), "ended": ended}))?;
+    } else if let Some(e) = ended {
+        out.line(format!(
+            "contracted: relaybus schema is 0.2 as a fresh install has it; {} rows came from 0.1 \
+             publishers",
+            e.legacy_rows
+        ))?;
+    } else {
+        out.line("nothing to contract: another session contracted it meanwhile")?;
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -137,6 +137,12 @@ impl Schema for AnyStore {
     ) -> Result<SetupOutcome> {
         on_engine!(self, s => s.upgrade(how, force, progress).await)
     }
+    async fn contract_plan(&self) -> Result<Option<ContractPlan>> {
+        on_engine!(self, s => s.contract_plan().await)
+    }
+    async fn contract(&self, quiet_for: Duration, force: bool) -> Result<Option<Expansion>> {
+        on_engine!(self, s => s.contract(quiet_for, force).await)
+    }
 }
 
 impl Doctor for AnyStore {

@@ -28,7 +28,7 @@ pub enum Verdict {
 #[derive(Clone, Debug, Serialize)]
 pub struct Check {
     /// What kind of check: `table`, `column`, `index`, `storage`, `lanes`, `version`, `vacuum`,
-    /// `cleanup`, `hot`, `session`, `leases`, `lag`, `dead`, `parking`.
+    /// `cleanup`, `hot`, `session`, `leases`, `lag`, `dead`, `parking`, `expanded`.
     pub check: &'static str,
     /// What it looked at: a table, a handler, a setting.
     pub subject: String,
@@ -105,6 +105,9 @@ pub async fn examine<S: Store>(store: &S) -> Result<Vec<Check>> {
         )]);
     }
     let mut checks = store.doctor().await?;
+    if let SchemaStatus::Expanded(expansion) = &status {
+        checks.push(expansion_check(store.namespace(), expansion));
+    }
     if checks
         .iter()
         .any(|c| ["table", "column"].contains(&c.check) && c.verdict == Verdict::Fail)
@@ -157,6 +160,27 @@ fn handler_checks(h: &HandlerStats) -> [Check; 2] {
         ),
     };
     [lag, dead]
+}
+
+/// An expanded store: while 0.1 publishers still write, the rest of the application is to roll
+/// to 0.2; once they have not for `Expansion::QUIET_FOR`, the expansion is to end.
+fn expansion_check(ns: &Namespace, e: &super::Expansion) -> Check {
+    let (found, advice) = if e.recent(super::Expansion::QUIET_FOR, chrono::Utc::now()) {
+        (
+            format!("{}; 0.1 publishers are still writing", e.describe()),
+            "roll the rest of the application to 0.2; then run `relaybus upgrade --contract`",
+        )
+    } else {
+        (
+            format!(
+                "{}; none in the last {}",
+                e.describe(),
+                humantime::format_duration(super::Expansion::QUIET_FOR)
+            ),
+            "no 0.1 publisher is left: run `relaybus upgrade --contract --dry-run`, then              `relaybus upgrade --contract`",
+        )
+    };
+    Check::warn("expanded", ns.place(), found, advice)
 }
 
 /// Lanes still held by leases that expired: their workers died or froze. And lanes whose

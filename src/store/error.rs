@@ -78,6 +78,13 @@ pub enum StoreError {
     #[error("{count} deliveries are still leased by 0.1 workers (until {until}); stop every 0.1 worker first, then run `relaybus upgrade --force` (or wait until the leases expire)")]
     LiveLeases { count: i64, until: String },
 
+    #[error("0.1 publishers are still writing: {rows} rows since the conversion, the last at {last}, within --quiet-for {quiet_for}; nothing was changed. Roll the rest of the application to 0.2 and run `relaybus upgrade --contract` again once none has written for that long, or with --force to contract now (a 0.1 publisher's next insert then fails)")]
+    LegacyWrites {
+        rows: i64,
+        last: String,
+        quiet_for: String,
+    },
+
     #[error("indexes that are not relaybus's name what 0.2 removes (a 0.1 lease column or the status `processing`): the conversion would drop them or leave them meaningless; nothing was changed. Drop them first, then rerun: {statements}")]
     BlockingIndexes { statements: String },
 

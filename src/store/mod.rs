@@ -30,8 +30,8 @@ pub use ident::Namespace;
 pub use options::StoreOptions;
 pub use retention::purge;
 pub use status::{
-    Conversion, ForeignIndex, LiveLeases, Locks, SchemaStatus, SetupOutcome, UpgradeCounts,
-    UpgradePlan, UpgradeProgress, UpgradeStep, SCHEMA_VERSION,
+    ContractPlan, Conversion, Expansion, ForeignIndex, LiveLeases, Locks, SchemaStatus,
+    SetupOutcome, UpgradeCounts, UpgradePlan, UpgradeProgress, UpgradeStep, SCHEMA_VERSION,
 };
 pub use types::*;
 pub use wake::{WakeUp, WakeUps};
@@ -96,6 +96,20 @@ pub trait Schema: Send + Sync + 'static {
 
     /// What `upgrade` would do, read without writing anything.
     fn upgrade_plan(&self, how: Conversion) -> impl Future<Output = Result<UpgradePlan>> + Send;
+
+    /// What `upgrade --contract` would do, read without writing anything: None unless the
+    /// store is expanded.
+    fn contract_plan(&self) -> impl Future<Output = Result<Option<ContractPlan>>> + Send;
+
+    /// Ends the expansion an online conversion left: removes what only 0.1 publishers needed,
+    /// so that the store is exactly a fresh install. Refuses, changing nothing, while a 0.1
+    /// write came within `quiet_for`, unless `force`. Returns the expansion it ended, or None
+    /// when the store was not expanded.
+    fn contract(
+        &self,
+        quiet_for: Duration,
+        force: bool,
+    ) -> impl Future<Output = Result<Option<Expansion>>> + Send;
 
     /// Runs the 0.1 -> 0.2 conversion atomically, reporting each step as it starts (step, its
     /// number from 1, how many). On a store that is not at 0.1 it changes nothing.

@@ -19,9 +19,48 @@ pub enum SchemaStatus {
     /// the indexes differ from 0.2's (renamed, redefined or dropped by hand).
     Incomplete,
     Current,
+    /// Current, and still taking a 0.1 publisher's writes: an online conversion left it so, for a
+    /// rolling deploy, until `upgrade --contract`.
+    Expanded(Expansion),
     Newer {
         version: String,
     },
+}
+
+/// What 0.1 publishers have written to an expanded store since its conversion.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Expansion {
+    /// Deliveries 0.1 publishers wrote (on MongoDB: the deliveries adopted).
+    pub legacy_rows: i64,
+    pub last_legacy_write: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl Expansion {
+    /// How long `upgrade --contract` waits, unless told otherwise, without a 0.1 write.
+    pub const QUIET_FOR: std::time::Duration = std::time::Duration::from_secs(600);
+
+    /// What `setup --check`, `doctor` and `upgrade --dry-run` say of it.
+    pub fn describe(&self) -> String {
+        let last = match self.last_legacy_write {
+            Some(at) => format!(
+                "{} rows from 0.1 publishers so far, the last at {}",
+                self.legacy_rows,
+                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+            None => "no 0.1 write since the conversion".into(),
+        };
+        format!("0.2, expanded: 0.1 publishers accepted ({last})")
+    }
+
+    /// Whether a 0.1 write came within `quiet_for` of `now`.
+    pub fn recent(
+        &self,
+        quiet_for: std::time::Duration,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> bool {
+        let quiet = chrono::Duration::from_std(quiet_for).unwrap_or(chrono::Duration::MAX);
+        self.last_legacy_write.is_some_and(|at| now - at < quiet)
+    }
 }
 
 impl SchemaStatus {
@@ -31,8 +70,14 @@ impl SchemaStatus {
             SchemaStatus::V01 => "0.1".into(),
             SchemaStatus::Incomplete => "0.2 (incomplete)".into(),
             SchemaStatus::Current => SCHEMA_VERSION.into(),
+            SchemaStatus::Expanded(e) => e.describe(),
             SchemaStatus::Newer { version } => version.clone(),
         }
+    }
+
+    /// Whether 0.2 workers and commands run on it as it is.
+    pub fn is_current(&self) -> bool {
+        matches!(self, SchemaStatus::Current | SchemaStatus::Expanded(_))
     }
 
     /// What to run to make the store current.
@@ -43,6 +88,10 @@ impl SchemaStatus {
             }
             SchemaStatus::Newer { .. } => "use a newer relaybus binary",
             SchemaStatus::Current => "nothing to do",
+            SchemaStatus::Expanded(_) => {
+                "roll every publisher to 0.2, then run `relaybus upgrade --contract` (it waits \
+                 for 10 minutes without a 0.1 write; `--dry-run` shows what it drops)"
+            }
             SchemaStatus::NotInstalled | SchemaStatus::Incomplete => "run `relaybus setup`",
         }
     }
@@ -55,7 +104,7 @@ impl SchemaStatus {
             ns.prefix().to_owned(),
         );
         match self {
-            SchemaStatus::Current => None,
+            SchemaStatus::Current | SchemaStatus::Expanded(_) => None,
             SchemaStatus::V01 => Some(StoreError::Outdated),
             SchemaStatus::Newer { version } => Some(StoreError::TooNew {
                 found: version.clone(),
@@ -188,6 +237,18 @@ pub struct ForeignIndex {
     /// conversion refuses until it is dropped.
     pub blocks: bool,
     pub drop_statement: String,
+    /// A 0.2 index of the same table whose key columns include all of its own: it may be
+    /// redundant, which only its owner can tell.
+    pub covered_by: Option<String>,
+}
+
+/// What `upgrade --contract` would do to an expanded store.
+#[derive(Clone, Debug, Serialize)]
+pub struct ContractPlan {
+    pub expansion: Expansion,
+    /// What it drops, by name.
+    pub drops: Vec<String>,
+    pub locks: Locks,
 }
 
 /// What a conversion locks, and for how long it expects to.

@@ -5,7 +5,8 @@
 --             name with another definition
 --   invalid   an index of a 0.2 name that an interrupted concurrent build left invalid
 --   create    a 0.2 index that is missing or is dropped here
---   foreign   any other index of a relaybus table: the application's, kept and never dropped
+--   foreign   any other index of a relaybus table: the application's, kept and never dropped,
+--             with the 0.2 index whose columns cover its own, if one does
 --   blocking  a foreign index that names a 0.1 lease column or the 0.1 status `processing`:
 --             the conversion would drop it with its column, or leave it meaningless, so it
 --             refuses until its owner drops it
@@ -42,7 +43,11 @@ WITH wanted (name, tbl, is_unique, def) AS (VALUES
 ), present AS (
   SELECT c.relname::text AS name, t.relname::text AS tbl, i.indisunique AS is_unique,
          substring(pg_get_indexdef(i.indexrelid) from ' USING (.*)$') AS def,
-         pg_get_indexdef(i.indexrelid) AS statement, i.indisvalid AS valid
+         pg_get_indexdef(i.indexrelid) AS statement, i.indisvalid AS valid,
+         CASE WHEN NOT 0 = ANY (i.indkey::int2[]) THEN
+           ARRAY(SELECT a.attname::text FROM unnest(i.indkey::int2[]) AS k
+                   JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k)
+         END AS cols
     FROM pg_index i
     JOIN pg_class c ON c.oid = i.indexrelid
     JOIN pg_class t ON t.oid = i.indrelid
@@ -67,9 +72,19 @@ WITH wanted (name, tbl, is_unique, def) AS (VALUES
          END AS action
     FROM present p
 )
-SELECT name, action, statement FROM classified WHERE action <> 'keep'
+-- A foreign index whose key columns are all among those of a 0.2 index of its table (as 0.2
+-- defines it, so the plan of a conversion can say so too) is named with it: the application
+-- may not need it any more. An index on an expression is never covered.
+SELECT c.name, c.action, c.statement,
+       CASE WHEN c.action = 'foreign' THEN
+         (SELECT w.name FROM wanted w
+           WHERE w.tbl = c.tbl
+             AND c.cols <@ string_to_array(substring(w.def from '^btree \(([^)]*)\)'), ', ')
+           ORDER BY w.name LIMIT 1)
+       END AS covered_by
+  FROM classified c WHERE c.action <> 'keep'
 UNION ALL
-SELECT w.name, 'create', NULL FROM wanted w
+SELECT w.name, 'create', NULL, NULL FROM wanted w
  WHERE w.name IN (SELECT name FROM classified WHERE action IN ('drop', 'invalid'))
     OR NOT EXISTS (SELECT 1 FROM present p WHERE p.name = w.name)
  ORDER BY 2 DESC, 1

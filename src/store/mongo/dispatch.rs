@@ -647,6 +647,7 @@ impl MongoStore {
 
 impl Dispatch for MongoStore {
     async fn claim(&self, req: &ClaimRequest) -> Result<(Vec<ClaimedDelivery>, ClaimStats)> {
+        self.adopt_if_due().await;
         let now = DateTime::now();
         let failed = self.conn.error("could not claim deliveries");
         let lanes_coll = self.lane_collection().await?;

@@ -6,7 +6,10 @@
 use mongodb::bson::{doc, Bson, Document};
 
 use super::model::{all, LANE_RULES};
-use super::schema::{collection_js, drift, indexes, js, IndexSpec, COLLECTIONS, VERSION_ID};
+use super::schema::{
+    collection_js, drift, index_name, indexes, js, matches, retired, same_keys, IndexSpec,
+    COLLECTIONS, VERSION_ID,
+};
 use super::{MongoStore, DELIVERIES, LANES, PARKED, SCHEMA};
 use crate::store::doctor::Check;
 use crate::store::{Doctor, Result, SCHEMA_VERSION};
@@ -78,12 +81,46 @@ impl MongoStore {
                 );
             }
         }
+        let foreign = self.foreign_indexes(existing).await?;
         if checks.is_empty() {
             checks.push(Check::ok(
                 "index",
                 "indexes",
-                "every 0.2 index, by definition, and no other",
+                if foreign.is_empty() {
+                    "every 0.2 index, by definition, and no other"
+                } else {
+                    "every 0.2 index, by definition"
+                },
             ));
+        }
+        checks.extend(foreign);
+        Ok(checks)
+    }
+
+    /// The indexes of relaybus's collections that are neither 0.2's (by name or definition) nor
+    /// 0.1's: the application's, which relaybus keeps.
+    async fn foreign_indexes(&self, existing: &[String]) -> Result<Vec<Check>> {
+        let mut checks = vec![];
+        for c in existing
+            .iter()
+            .filter(|c| [DELIVERIES, "events", "completions", LANES].contains(&c.as_str()))
+        {
+            for found in self.indexes_of(c).await? {
+                let name = index_name(&found);
+                let relaybus = name == "_id_"
+                    || indexes()
+                        .iter()
+                        .any(|s| s.collection == c && (s.name == name || matches(s, &found)))
+                    || (c == DELIVERIES && retired().iter().any(|r| same_keys(r, &found.keys)));
+                if !relaybus {
+                    checks.push(Check::warn(
+                        "index",
+                        format!("{}.{name}", self.name(c)),
+                        format!("not relaybus's: {}", js(&found.keys)),
+                        "relaybus keeps it; it slows every write of the collection it indexes",
+                    ));
+                }
+            }
         }
         Ok(checks)
     }

@@ -53,6 +53,8 @@ pub(crate) struct MongoStore {
     /// Lanes whose documents break the rules, as claims last found them: each is logged when
     /// found, not at every claim.
     unsound: std::sync::Mutex<std::collections::BTreeSet<i32>>,
+    /// When this instance last looked for 0.1 publishers' deliveries to adopt.
+    adoption: std::sync::Mutex<schema::Adoption>,
     /// Tests hold the next completion between its reads and its writes.
     #[cfg(test)]
     completion_pause: std::sync::Mutex<Option<dispatch::tests::Pause>>,
@@ -67,6 +69,7 @@ impl MongoStore {
             charge_later: std::sync::Mutex::default(),
             tally: std::sync::Mutex::default(),
             unsound: std::sync::Mutex::default(),
+            adoption: std::sync::Mutex::default(),
             #[cfg(test)]
             completion_pause: std::sync::Mutex::new(None),
             ns,

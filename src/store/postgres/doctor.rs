@@ -418,6 +418,22 @@ impl PgStore {
                     "drop it",
                 )
                 .with_fix(format!("{}\n", i.drop_statement))
+            } else if let Some(by) = &i.covered_by {
+                Check::warn(
+                    "index",
+                    &i.name,
+                    format!(
+                        "not relaybus's: {}; its columns are all in relaybus's {by}",
+                        i.definition
+                    ),
+                    "relaybus keeps it; if no query of the application needs it, drop it (the \
+                     fix script has the statement, commented out)",
+                )
+                .with_fix(format!(
+                    "-- Covered by {by}; uncomment to drop it, outside a transaction:\n\
+                     -- DROP INDEX CONCURRENTLY {};\n",
+                    self.ns.qualified(&i.name)
+                ))
             } else {
                 Check::warn(
                     "index",

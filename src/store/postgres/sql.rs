@@ -129,6 +129,7 @@ statements! {
     due_exists => "delivery/due_exists",
     detect => "schema/detect",
     version => "schema/version",
+    legacy_writes => "schema/legacy_writes",
     setup_lock => "schema/setup_lock",
     may_create => "schema/may_create",
     foreign_objects => "schema/foreign_objects",

@@ -84,8 +84,10 @@ impl MongoStore {
     }
 
     /// A 0.1 store, or what is left of one: deliveries without a lane, events without
-    /// handlers, or a 0.1 index. No index covers the first two, so on a converted store this
-    /// reads both collections through.
+    /// handlers, or, unless the store records 0.2 (a conversion writes that last, so a 0.1
+    /// index on such a store was made since: `doctor` names it and `setup` drops it), a 0.1
+    /// index. No index covers the first two, so on a converted store this reads both
+    /// collections through.
     pub(in crate::store::mongo) async fn is_0_1(&self, existing: &[String]) -> Result<bool> {
         if !existing.iter().any(|e| e == DELIVERIES) {
             return Ok(false);
@@ -103,9 +105,13 @@ impl MongoStore {
                 .map_err(self.conn.error(format!("could not read the {c}")))?
                 .is_some())
         };
-        Ok(unconverted(DELIVERIES, "laneId").await?
-            || unconverted(EVENTS, "handlers").await?
-            || self
+        if unconverted(DELIVERIES, "laneId").await? || unconverted(EVENTS, "handlers").await? {
+            return Ok(true);
+        }
+        let versioned = existing.iter().any(|e| e == SCHEMA)
+            && self.version().await?.as_deref() == Some(SCHEMA_VERSION);
+        Ok(!versioned
+            && self
                 .indexes_of(DELIVERIES)
                 .await?
                 .iter()
@@ -119,12 +125,13 @@ impl MongoStore {
     /// deliveries and events through (and workers leave such a lane alone meanwhile).
     pub(in crate::store::mongo) async fn detect_thoroughly(&self) -> Result<SchemaStatus> {
         let found = self.detect().await?;
+        // An expanded store takes 0.1 documents on purpose: its workers adopt them.
         if matches!(found, SchemaStatus::Current | SchemaStatus::Incomplete)
             && self.is_0_1(&self.existing().await?).await?
         {
             return Ok(SchemaStatus::V01);
         }
-        if found == SchemaStatus::Current && self.unsound_lanes().await? {
+        if found.is_current() && self.unsound_lanes().await? {
             return Ok(SchemaStatus::Incomplete);
         }
         Ok(found)
@@ -161,7 +168,10 @@ impl MongoStore {
             {
                 SchemaStatus::Incomplete
             }
-            Some(SCHEMA_VERSION) => SchemaStatus::Current,
+            Some(SCHEMA_VERSION) => match self.expansion().await? {
+                Some(expansion) => SchemaStatus::Expanded(expansion),
+                None => SchemaStatus::Current,
+            },
             Some(v) => SchemaStatus::Newer { version: v.into() },
             None if self.is_0_1(&existing).await? => SchemaStatus::V01,
             // The schema collection alone holds no more than the setup lock.

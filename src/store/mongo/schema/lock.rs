@@ -39,6 +39,7 @@ impl MongoStore {
         let schema = self.coll(SCHEMA).await?;
         let me = uuid::Uuid::now_v7().to_string();
         let failed = self.conn.error("could not take the setup lock");
+        let (host, pid) = (crate::dispatch::hostname(), std::process::id() as i64);
         loop {
             let now = DateTime::now();
             let taken = schema
@@ -46,13 +47,17 @@ impl MongoStore {
                     doc! { "_id": LOCK_ID, "$or": [
                         { "expiresAt": { "$lte": now } }, { "holder": &me },
                     ] },
-                    doc! { "$set": { "holder": &me, "expiresAt": after(now, LOCK_LEASE) } },
+                    doc! { "$set": {
+                        "holder": &me, "host": &host, "pid": pid,
+                        "expiresAt": after(now, LOCK_LEASE),
+                    } },
                 )
                 .upsert(true)
                 .await;
             match taken {
                 Ok(_) => break,
                 Err(e) if is_duplicate_key(&e) => {
+                    self.free_if_holder_died(&schema, &host).await;
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
                 Err(e) => return Err(failed(e)),
@@ -73,6 +78,28 @@ impl MongoStore {
             })
         };
         Ok(SetupLock { schema, me, renew })
+    }
+
+    /// Frees the setup lock when its holder was a process of this machine that is gone (a
+    /// setup or upgrade killed and run again), instead of waiting out the lease of the dead.
+    async fn free_if_holder_died(&self, schema: &Collection<Document>, host: &str) {
+        let Ok(Some(held)) = schema.find_one(doc! { "_id": LOCK_ID }).await else {
+            return;
+        };
+        let pid = held.get_i64("pid").ok().and_then(|p| i32::try_from(p).ok());
+        let here = held.get_str("host").is_ok_and(|h| h == host);
+        let gone = |pid| {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+                == Err(nix::errno::Errno::ESRCH)
+        };
+        if let (true, Some(pid)) = (here, pid) {
+            if gone(pid) {
+                let holder = held.get_str("holder").unwrap_or_default();
+                let _ = schema
+                    .delete_one(doc! { "_id": LOCK_ID, "holder": holder })
+                    .await;
+            }
+        }
     }
 
     /// Refuses collections of relaybus's names that are not relaybus's, and a 0.1 store that

@@ -9,18 +9,25 @@
 
 mod convert;
 mod detect;
+mod expand;
 mod indexes;
 mod install;
 mod lock;
 mod mongosh;
 
 use super::MongoStore;
+use std::time::Duration;
+
 use crate::store::{
-    Conversion, Locks, Result, Schema, SchemaStatus, SetupOutcome, UpgradePlan, UpgradeProgress,
+    ContractPlan, Conversion, Expansion, Locks, Result, Schema, SchemaStatus, SetupOutcome,
+    UpgradePlan, UpgradeProgress,
 };
 
 pub(super) use detect::VERSION_ID;
-pub(super) use indexes::{drift, indexes, IndexSpec, COLLECTIONS};
+pub(super) use expand::Adoption;
+pub(super) use indexes::{
+    drift, index_name, indexes, matches, retired, same_keys, IndexSpec, COLLECTIONS,
+};
 pub(crate) use mongosh::script;
 pub(super) use mongosh::{collection_js, js};
 
@@ -40,7 +47,7 @@ impl Schema for MongoStore {
         let result = async {
             let before = self.detect_thoroughly().await?;
             match &before {
-                SchemaStatus::Current => {}
+                s if s.is_current() => {}
                 SchemaStatus::Newer { .. } => {
                     return Err(before
                         .error(&self.ns)
@@ -65,10 +72,23 @@ impl Schema for MongoStore {
         result
     }
 
+    async fn contract_plan(&self) -> Result<Option<ContractPlan>> {
+        self.plan_contract().await
+    }
+
+    async fn contract(&self, quiet_for: Duration, force: bool) -> Result<Option<Expansion>> {
+        let lock = self.lock().await?;
+        let result = self.contract_expansion(quiet_for, force).await;
+        lock.release().await;
+        result
+    }
+
     /// Every MongoDB conversion is online: batches, no lock on the collections.
     async fn upgrade_plan(&self, _: Conversion) -> Result<UpgradePlan> {
         let found = self.detect_thoroughly().await?;
-        if found != SchemaStatus::V01 {
+        // A conversion stopped in its install step is finished by the install.
+        let stopped = found == SchemaStatus::Incomplete && self.expansion().await?.is_some();
+        if found != SchemaStatus::V01 && !stopped {
             return Ok(UpgradePlan::nothing_due(found));
         }
         Ok(UpgradePlan {
@@ -98,14 +118,24 @@ impl Schema for MongoStore {
         let lock = self.lock().await?;
         let result = async {
             let before = self.detect_thoroughly().await?;
-            if before != SchemaStatus::V01 {
-                return Ok(SetupOutcome {
-                    after: before.clone(),
-                    before,
-                });
+            match before {
+                // A conversion stopped in its install step: the install finishes it.
+                SchemaStatus::Incomplete if self.expansion().await?.is_some() => {
+                    self.install().await?
+                }
+                SchemaStatus::V01 => {
+                    self.refuse(force).await?;
+                    // Marked first, so that a rerun after a crash finds it expanded too.
+                    self.expand().await?;
+                    self.convert(progress).await?;
+                }
+                _ => {
+                    return Ok(SetupOutcome {
+                        after: before.clone(),
+                        before,
+                    })
+                }
             }
-            self.refuse(force).await?;
-            self.convert(progress).await?;
             Ok(SetupOutcome {
                 before,
                 after: self.detect_thoroughly().await?,

@@ -9,10 +9,12 @@ use super::super::PgStore;
 use super::locks::setup_lock_key;
 use super::online::{online_locks, online_steps};
 use super::render::{conversion_steps, names_after, render, script, INSTALL, PRELUDE};
+use std::time::Duration;
+
 use crate::store::{
-    Conversion, ForeignIndex, LiveLeases, Locks, Namespace, Result, Schema, SchemaStatus, Script,
-    SetupOutcome, StoreError, UpgradeCounts, UpgradePlan, UpgradeProgress, UpgradeStep,
-    SCHEMA_VERSION,
+    ContractPlan, Conversion, Expansion, ForeignIndex, LiveLeases, Locks, Namespace, Result,
+    Schema, SchemaStatus, Script, SetupOutcome, StoreError, UpgradeCounts, UpgradePlan,
+    UpgradeProgress, UpgradeStep, SCHEMA_VERSION,
 };
 
 /// Setup, the conversion and its plan read and rewrite whole tables, for which a sequential
@@ -43,8 +45,13 @@ impl PgStore {
             .query_typed_one(&self.sql.detect.text, &[])
             .await
             .map_err(db("could not read the installed schema"))?;
-        let (has_deliveries, is_01, has_version, has_handlers): (bool, bool, bool, bool) =
-            (row.get(0), row.get(1), row.get(2), row.get(3));
+        let (has_deliveries, is_01, has_version, has_handlers, expanded): (
+            bool,
+            bool,
+            bool,
+            bool,
+            bool,
+        ) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
         if is_01 {
             return Ok(SchemaStatus::V01);
         }
@@ -63,10 +70,28 @@ impl PgStore {
             {
                 SchemaStatus::Incomplete
             }
+            Some(SCHEMA_VERSION) if expanded => {
+                SchemaStatus::Expanded(self.expansion(client).await?)
+            }
             Some(SCHEMA_VERSION) => SchemaStatus::Current,
             Some(v) => SchemaStatus::Newer { version: v.into() },
             None if has_deliveries || has_version => SchemaStatus::Incomplete,
             None => SchemaStatus::NotInstalled,
+        })
+    }
+
+    /// What 0.1 publishers have written to an expanded store.
+    pub(in crate::store::postgres) async fn expansion(
+        &self,
+        client: &impl GenericClient,
+    ) -> Result<Expansion> {
+        let row = client
+            .query_typed_one(&self.sql.legacy_writes.text, &[])
+            .await
+            .map_err(db("could not read the 0.1 publishers' writes"))?;
+        Ok(Expansion {
+            legacy_rows: row.get(0),
+            last_legacy_write: row.get(1),
         })
     }
 
@@ -146,6 +171,7 @@ impl PgStore {
                     name,
                     definition: row.get(2),
                     blocks: action == "blocking",
+                    covered_by: row.get(3),
                 }),
             }
         }
@@ -178,7 +204,7 @@ impl PgStore {
         let before = self.detect(&tx).await?;
         // A runtime role (DML grants only) may check that the store is current, and must not
         // be refused for lacking the privileges a repair would need.
-        if before == SchemaStatus::Current && !self.may_create(&tx).await? {
+        if before.is_current() && !self.may_create(&tx).await? {
             return Ok(SetupOutcome {
                 after: before.clone(),
                 before,
@@ -362,6 +388,14 @@ impl Schema for PgStore {
             Err(e) => Err(self.explain_lock_timeout(e).await),
             ok => ok,
         }
+    }
+
+    async fn contract_plan(&self) -> Result<Option<ContractPlan>> {
+        self.plan_contract().await
+    }
+
+    async fn contract(&self, quiet_for: Duration, force: bool) -> Result<Option<Expansion>> {
+        self.contract_expansion(quiet_for, force).await
     }
 
     async fn upgrade_plan(&self, how: Conversion) -> Result<UpgradePlan> {

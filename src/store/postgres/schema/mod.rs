@@ -1,8 +1,10 @@
 //! The PostgreSQL schema: the scripts (`render`), installing and converting a store with them
-//! (`migrate`), and explaining a schema change that waited too long for a lock (`locks`).
+//! (`migrate`, `online`), ending the expansion an online conversion leaves (`contract`), and
+//! explaining a schema change that waited too long for a lock (`locks`).
 //! `schema-sql` prints exactly what `setup` and `upgrade` run, so a DBA applying the script by
 //! hand gets the same store.
 
+mod contract;
 mod locks;
 mod migrate;
 mod online;

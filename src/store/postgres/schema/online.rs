@@ -23,14 +23,15 @@ use crate::store::{
 const BEGIN: &str = include_str!("../../../../sql/postgres/online/begin.sql");
 const VALIDATE: &str = include_str!("../../../../sql/postgres/online/validate.sql");
 const FINISH: &str = include_str!("../../../../sql/postgres/online/finish.sql");
+const EXPAND: &str = include_str!("../../../../sql/postgres/online/expand.sql");
 
 /// Rows a backfill transaction fills: each holds its rows' locks for tens of milliseconds.
 const BATCH: i32 = 5_000;
 
 /// How long a step waits for its table lock before it lets go and tries again: while it
 /// waits, the application's statements on the table queue behind it, so this bounds their wait.
-const LOCK_WAIT: Duration = Duration::from_millis(500);
-const LOCK_TRIES: u32 = 120;
+pub(super) const LOCK_WAIT: Duration = Duration::from_millis(500);
+pub(super) const LOCK_TRIES: u32 = 120;
 
 /// How long the finish holds its lock, rounded up: catalog changes and the install's lane
 /// rows. No publisher transaction took over 108 ms across the online conversion of 1,000,000
@@ -88,8 +89,9 @@ pub(super) fn online_steps(
         step(
             "finish",
             "drop the triggers and the lease columns, set NOT NULL (proved by the constraints, \
-             so without a scan), take the 0.2 status rule, then install the rest: lanes, \
-             tables, version",
+             so without a scan), take the 0.2 status rule, install the rest (lanes, tables, \
+             version), and leave the store expanded: a trigger gives a 0.1 publisher's \
+             deliveries their lane and handlers until `relaybus upgrade --contract`",
             None,
         ),
     ]
@@ -103,7 +105,8 @@ pub(super) fn online_locks(ns: &Namespace) -> Locks {
              take ACCESS EXCLUSIVE on both for catalog changes only, the last about \
              {FINISH_SECONDS} s; each waits at most {} ms for it (the application's statements \
              queue behind a waiting lock) and then tries again. 0.1 publishers may go on \
-             publishing until the last step; 0.1 workers must be stopped",
+             publishing throughout and after it, until `relaybus upgrade --contract`; 0.1 \
+             workers must be stopped",
             LOCK_WAIT.as_millis(),
             events = ns.table("events"),
             deliveries = ns.table("deliveries"),
@@ -135,7 +138,7 @@ fn concurrent(ns: &Namespace, drift: &IndexDrift) -> (Vec<String>, Vec<String>) 
     (create, drop)
 }
 
-fn is_lock_timeout(e: &tokio_postgres::Error) -> bool {
+pub(super) fn is_lock_timeout(e: &tokio_postgres::Error) -> bool {
     e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)
 }
 
@@ -192,7 +195,9 @@ impl PgStore {
         step(5)(0);
         self.concurrent_indexes(&client).await?;
         step(6)(0);
-        let finish = render(&self.ns, FINISH) + "\n" + &render(&self.ns, INSTALL);
+        let finish = [FINISH, INSTALL, EXPAND]
+            .map(|sql| render(&self.ns, sql))
+            .join("\n");
         self.locked(&client, "finish", &finish).await?;
         Ok(SetupOutcome {
             before,
@@ -202,7 +207,7 @@ impl PgStore {
 
     /// A script in one transaction that waits at most `LOCK_WAIT` for each lock, tried again
     /// until it gets them.
-    async fn locked(&self, client: &Client, step: &str, script: &str) -> Result<()> {
+    pub(super) async fn locked(&self, client: &Client, step: &str, script: &str) -> Result<()> {
         let timeout = LOCK_WAIT.as_millis();
         let transaction = format!(
             "BEGIN; SET LOCAL lock_timeout = {timeout}; SET LOCAL enable_seqscan = on;\n{script}\nCOMMIT;"
@@ -295,7 +300,7 @@ impl PgStore {
     }
 
     /// Sets how long the session's statements wait for a lock (zero: as long as it takes).
-    async fn lock_wait(&self, client: &Client, wait: Duration) -> Result<()> {
+    pub(super) async fn lock_wait(&self, client: &Client, wait: Duration) -> Result<()> {
         client
             .batch_execute(&format!("SET lock_timeout = {}", wait.as_millis()))
             .await
