@@ -115,6 +115,9 @@ _relaybus() {
             relaybus__subcmd__handlers,close-breaker)
                 cmd="relaybus__subcmd__handlers__subcmd__close__subcmd__breaker"
                 ;;
+            relaybus__subcmd__handlers,forget)
+                cmd="relaybus__subcmd__handlers__subcmd__forget"
+                ;;
             relaybus__subcmd__handlers,help)
                 cmd="relaybus__subcmd__handlers__subcmd__help"
                 ;;
@@ -129,6 +132,9 @@ _relaybus() {
                 ;;
             relaybus__subcmd__handlers__subcmd__help,close-breaker)
                 cmd="relaybus__subcmd__handlers__subcmd__help__subcmd__close__subcmd__breaker"
+                ;;
+            relaybus__subcmd__handlers__subcmd__help,forget)
+                cmd="relaybus__subcmd__handlers__subcmd__help__subcmd__forget"
                 ;;
             relaybus__subcmd__handlers__subcmd__help,help)
                 cmd="relaybus__subcmd__handlers__subcmd__help__subcmd__help"
@@ -207,6 +213,9 @@ _relaybus() {
                 ;;
             relaybus__subcmd__help__subcmd__handlers,close-breaker)
                 cmd="relaybus__subcmd__help__subcmd__handlers__subcmd__close__subcmd__breaker"
+                ;;
+            relaybus__subcmd__help__subcmd__handlers,forget)
+                cmd="relaybus__subcmd__help__subcmd__handlers__subcmd__forget"
                 ;;
             relaybus__subcmd__help__subcmd__handlers,list)
                 cmd="relaybus__subcmd__help__subcmd__handlers__subcmd__list"
@@ -822,7 +831,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__handlers)
-            opts="-h -V --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version list pause resume close-breaker help"
+            opts="-h -V --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version list pause resume close-breaker forget help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -881,8 +890,38 @@ _relaybus() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        relaybus__subcmd__handlers__subcmd__forget)
+            opts="-h -V --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         relaybus__subcmd__handlers__subcmd__help)
-            opts="list pause resume close-breaker help"
+            opts="list pause resume close-breaker forget help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -896,6 +935,20 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__handlers__subcmd__help__subcmd__close__subcmd__breaker)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__handlers__subcmd__help__subcmd__forget)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -996,7 +1049,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__handlers__subcmd__pause)
-            opts="-h -V --reason --by --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
+            opts="-h -V --reason --by --new --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1232,7 +1285,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__help__subcmd__handlers)
-            opts="list pause resume close-breaker"
+            opts="list pause resume close-breaker forget"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1246,6 +1299,20 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__help__subcmd__handlers__subcmd__close__subcmd__breaker)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__help__subcmd__handlers__subcmd__forget)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )

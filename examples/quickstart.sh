@@ -10,9 +10,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "building relaybus (cargo build --release; the first build takes a few minutes)"
-cargo build --release
-relaybus() { ./target/release/relaybus --schema relaybus_quickstart "$@"; }
+# The path cargo reports, wherever CARGO_TARGET_DIR puts it.
+bin=$(cargo build --release --message-format=json-render-diagnostics \
+  | sed -n 's/.*"executable":"\([^"]*\/relaybus\)".*/\1/p' | tail -1)
+[ -x "$bin" ] || { echo "cargo reported no relaybus binary" >&2; exit 1; }
+relaybus() { "$bin" --schema relaybus_quickstart "$@"; }
 out=$(mktemp -d)
+# On every way out its files go; a throwaway server's watchdog stops it and removes its
+# directory within a second of this shell's exit, however it ends.
 trap 'rm -rf "$out"' EXIT
 
 if [ -z "${RELAYBUS_DATABASE_URL:-}" ]; then
@@ -50,5 +55,6 @@ echo "billing received $(wc -l < "$out/billing.ndjson") envelopes, the first one
 head -1 "$out/billing.ndjson"
 echo "email handled $(wc -l < "$out/email.log") events"
 if [ -z "${throwaway:-}" ]; then
-  echo "the store stays in schema relaybus_quickstart: ./target/release/relaybus --schema relaybus_quickstart stats"
+  echo "the store stays in schema relaybus_quickstart; to look at it:"
+  echo "  RELAYBUS_DATABASE_URL='$RELAYBUS_DATABASE_URL' $bin --schema relaybus_quickstart stats"
 fi

@@ -275,14 +275,14 @@ fn processing_lanes_and_stats_are_derived_from_live_leases() {
     let table = stdout(&s.cmd().arg("stats").output().unwrap());
     assert_eq!(
         table.lines().next().unwrap(),
-        "HANDLER  STATE    DUE  SCHEDULED  PROCESSING  DEAD  COMPLETED  LAG"
+        "HANDLER  STATE   DUE  SCHEDULED  PROCESSING  DEAD  COMPLETED  LAG"
     );
     assert!(
         table
             .lines()
             .last()
             .unwrap()
-            .starts_with("TOTAL             1    0          1           1     0          "),
+            .starts_with("TOTAL            1    0          1           1     0          "),
         "{table}"
     );
     signal(&worker, nix::sys::signal::Signal::SIGTERM);
@@ -392,8 +392,9 @@ fn answer_no_on_a_terminal(s: &TestSchema, args: &str) -> String {
     on_a_terminal(s, 200, args, b"n")
 }
 
-/// On an 80-column terminal every listing fits, with long errors, keys and CJK text cut to the
-/// width and ids kept whole: no line is wider than the terminal, and every row is there.
+/// On an 80-column terminal every listing fits, and nothing is cut: long errors and keys (CJK
+/// text included) wrap within their columns, ids and short columns stay whole on a row's first
+/// line. No line is wider than the terminal, and every row is there.
 #[test]
 fn listings_fit_an_80_column_terminal() {
     let s = TestSchema::installed("admin_80_columns");
@@ -412,7 +413,8 @@ fn listings_fit_an_80_column_terminal() {
         "SELECT id FROM {} ORDER BY id",
         s.table("deliveries")
     ));
-    // What the terminal showed: the lines, and their first columns split on spaces.
+    // What the terminal showed: the lines, and the first columns of each row's first line
+    // (continuation lines of wrapped cells start with spaces).
     let shown = |args: &str, columns: usize| -> (String, Vec<Vec<String>>) {
         let text = on_a_terminal(&s, 80, args, b"");
         let too_wide: Vec<&str> = text
@@ -422,7 +424,7 @@ fn listings_fit_an_80_column_terminal() {
         assert_eq!(too_wide, Vec::<&str>::new(), "{args}:\n{text}");
         let cells = text
             .lines()
-            .filter(|l| !l.is_empty())
+            .filter(|l| !l.is_empty() && !l.starts_with(' '))
             .map(|l| {
                 l.split_whitespace()
                     .take(columns)
@@ -444,9 +446,14 @@ fn listings_fit_an_80_column_terminal() {
         ],
         "{text}"
     );
-    assert!(text.contains(" customer-xxxx… "), "{text}");
+    // Whole: every word of each error (three rows), every character of the long key, and the
+    // only ellipses are the shortened ids'.
+    assert_eq!(text.matches("upstream").count(), 30, "{text}");
+    let xs = |text: &str| text.replace("exit", "").matches('x').count();
+    assert_eq!(xs(&text), 60, "{text}");
+    assert!(text.contains("鍵キー"), "{text}");
     assert!(text.contains(" héllo-ключ-鍵 "), "{text}");
-    assert!(text.contains(" exit 65: HTT…\n"), "{text}");
+    assert_eq!(text.matches('…').count(), 3, "{text}");
     let (text, rows) = shown("deliveries list", 4);
     let row = |i: usize, event: &str, handler: &str, status: &str| {
         vec![tail(&ids[i]), event.into(), handler.into(), status.into()]
@@ -461,13 +468,14 @@ fn listings_fit_an_80_column_terminal() {
         ],
         "{text}"
     );
+    assert_eq!(xs(&text), 120, "{text}");
     let (text, rows) = shown("stats", 2);
     assert_eq!(
         rows,
         [
             ["HANDLER", "STATE"],
-            ["billing", "running"],
-            ["crm", "running"],
+            ["billing", "active"],
+            ["crm", "active"],
             ["TOTAL", "1"]
         ],
         "{text}"
@@ -475,7 +483,7 @@ fn listings_fit_an_80_column_terminal() {
     let (text, rows) = shown("lanes", 1);
     assert_eq!(rows.len(), 3, "{text}");
     assert_eq!(rows[0], ["LANE"], "{text}");
-    // A lane a dead worker of a long name holds: its name is cut, never the lease.
+    // A lane a dead worker of a long name holds: its name wraps, the lease stays whole.
     s.exec(&format!(
         "UPDATE {} SET lease_owner = 'worker-on-a-host-with-a-long-name:4242:abcdef', \
                 lease_expires_at = now() - interval '1 minute' \
@@ -486,7 +494,26 @@ fn listings_fit_an_80_column_terminal() {
     let (text, _) = shown("lanes", 1);
     assert!(text.contains(" LEASE UNTIL "), "{text}");
     assert!(text.contains(" (expired) "), "{text}");
-    assert!(text.contains(" worker-on-a-h"), "{text}");
+    // The owner column's pieces, line after line, make the whole name.
+    let at = text.lines().next().unwrap().find("OWNER").unwrap();
+    let owner: String = text
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.contains(" lanes held by "))
+        .map(|l| {
+            l.get(at..)
+                .unwrap_or("")
+                .split("  ")
+                .next()
+                .unwrap()
+                .trim()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        owner, "worker-on-a-host-with-a-long-name:4242:abcdef",
+        "{text}"
+    );
     // Advice wraps instead of being cut (doctor exits 3: a warning).
     let (text, _) = shown("doctor || true", 1);
     let joined = text.split_whitespace().collect::<Vec<_>>().join(" ");
@@ -756,4 +783,93 @@ fn a_purge_asked_on_a_terminal_shows_a_sample_of_the_old_dead_and_no_deletes_not
         "{text}"
     );
     assert_eq!(dead(&s), 3);
+}
+
+/// A handler name the store has never seen is a typo until said otherwise: every command that
+/// takes one refuses it (exit 2), writing nothing, naming the closest handlers it knows.
+/// `handlers pause --new` pauses a handler before its first event on purpose; `handlers
+/// forget` removes the controls of a handler with nothing left. A type no event has is only
+/// warned about.
+#[test]
+fn an_unknown_handler_is_refused_everywhere_with_the_closest_names() {
+    let s = TestSchema::installed("unknown_handler");
+    s.publish(&[json!({"id": "e1", "type": "order.paid", "handlers": ["billing", "crm"]})]);
+    let refused = "error: no handler `biling` in this store (no event names it, no delivery, \
+                   no control row); did you mean `billing`?\n";
+    for args in [
+        &["handlers", "pause", "biling", "--reason", "x"][..],
+        &["handlers", "resume", "biling"],
+        &["handlers", "close-breaker", "biling"],
+        &["handlers", "forget", "biling"],
+        &["dead", "list", "--handler", "biling"],
+        &["deliveries", "list", "--handler", "biling"],
+        &["dead", "requeue", "--handler", "biling", "--dry-run"],
+    ] {
+        let out = s.cmd().args(args).output().unwrap();
+        assert_eq!(
+            (out.status.code(), stderr(&out), stdout(&out)),
+            (Some(2), refused.to_owned(), String::new()),
+            "{args:?}"
+        );
+    }
+    let far = s
+        .cmd()
+        .args(["handlers", "resume", "ledger"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        stderr(&far),
+        "error: no handler `ledger` in this store (no event names it, no delivery, no control \
+         row); the store's handlers: `billing`, `crm`\n"
+    );
+    assert_eq!(
+        s.count(&format!("SELECT count(*) FROM {}", s.table("handlers"))),
+        0,
+        "nothing was written"
+    );
+    // A handler every event names, whose deliveries are all done, is known.
+    s.exec(&format!("DELETE FROM {}", s.table("deliveries")));
+    s.cmd()
+        .args(["dead", "list", "--handler", "crm"])
+        .assert()
+        .success()
+        .stdout("no dead deliveries\n");
+    s.cmd()
+        .args([
+            "handlers",
+            "pause",
+            "--new",
+            "search-index",
+            "--reason",
+            "backfill first",
+        ])
+        .assert()
+        .success();
+    let again = s
+        .cmd()
+        .args(["handlers", "pause", "search-index", "--reason", "still"])
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&again).starts_with("handler `search-index` was paused already, since "),
+        "{}",
+        stdout(&again)
+    );
+    s.cmd()
+        .args(["handlers", "forget", "search-index"])
+        .assert()
+        .success()
+        .stdout("forgot handler `search-index`: its controls are gone\n");
+    let warned = s
+        .cmd()
+        .args(["deliveries", "list", "--type", "order.payed"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        (warned.status.code(), stderr(&warned)),
+        (
+            Some(0),
+            "warning: no event has the type `order.payed`; nothing will match it\n".to_owned()
+        )
+    );
 }

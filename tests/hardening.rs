@@ -779,6 +779,36 @@ fn a_runtime_role_with_the_rendered_grants_runs_everything_but_schema_changes() 
 
 /// A payload reaches the store and the handler exactly as published, every digit of a large
 /// number included (it was rounded through a 64-bit float).
+/// What README's "Concepts" says a PostgreSQL store keeps of a payload, exactly: values and
+/// digits; not key order, whitespace, a duplicate key's first value, or a number's notation.
+#[test]
+fn a_payload_reaches_the_handler_as_the_readme_says_jsonb_keeps_it() {
+    let s = TestSchema::installed("payload_fidelity");
+    let payload =
+        r#"{"zeta": [1e-7, -0.0, 1.50, 12345678901234567890.123456789], "id": 1, "id": 2}"#;
+    s.cmd()
+        .arg("publish")
+        .write_stdin(format!(
+            r#"{{"id": "e1", "type": "t", "handlers": ["h"], "payload": {payload}}}"#
+        ))
+        .assert()
+        .success();
+    let dir = tempfile::tempdir().unwrap();
+    let seen = dir.path().join("seen");
+    s.cmd()
+        .args(["run", "--handler", "h", "--drain"])
+        .args(["--exec", &format!("cat > {}", seen.display())])
+        .assert()
+        .success();
+    let envelope = std::fs::read_to_string(&seen).unwrap();
+    assert!(
+        envelope.contains(
+            r#""payload":{"id":2,"zeta":[0.0000001,0.0,1.50,12345678901234567890.123456789]}"#
+        ),
+        "{envelope}"
+    );
+}
+
 #[test]
 fn numbers_in_payloads_keep_every_digit() {
     let s = TestSchema::installed("big_numbers");

@@ -689,7 +689,7 @@ fn a_0_2_store_without_the_handlers_collection_is_completed_by_setup() {
         m.name
     ));
     m.cmd()
-        .args(["handlers", "pause", "h", "--by", "ana"])
+        .args(["handlers", "pause", "--new", "h", "--by", "ana"])
         .assert()
         .success();
     let listed = m

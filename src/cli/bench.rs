@@ -177,7 +177,7 @@ fn list(out: &Output, cells: &[Cell]) -> Result<()> {
             .iter()
             .map(|c| vec![c.to_string(), c.describe()])
             .collect();
-        out.table(&["CELL", "WHAT IT MEASURES"], &rows)?;
+        out.table_wrapping(&[1], &["CELL", "WHAT IT MEASURES"], &rows)?;
     }
     Ok(())
 }

@@ -8,6 +8,7 @@ use clap::{Args, Subcommand};
 use serde_json::json;
 
 use super::deliveries::{print_deliveries, show_sample, Listing, Page};
+use super::names::check_filters;
 use super::output::{confirm, declined};
 use super::{GlobalArgs, Output};
 use crate::store::prelude::*;
@@ -83,6 +84,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeadArgs) -> Result<
     store.require_current().await?;
     match args.command {
         DeadCommand::List { handler, page } => {
+            check_filters(&store, handler.as_deref(), None).await?;
             let rows = store
                 .list_deliveries(&DeliveryFilter {
                     status: Some(DeliveryStatus::Dead),
@@ -100,6 +102,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeadArgs) -> Result<
             print_deliveries(out, rows, &how)?;
         }
         DeadCommand::Requeue(a) => {
+            check_filters(&store, a.handler.as_deref(), a.event_type.as_deref()).await?;
             let selector = RequeueSelector {
                 ids: a.ids,
                 handler: a.handler,

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
 
+use super::names::check_filters;
 use super::output::{cell, short_id, time, when};
 use super::{GlobalArgs, Output};
 use crate::store::prelude::*;
@@ -24,9 +25,10 @@ pub enum DeliveriesCommand {
     ///   relaybus deliveries list --status processing
     ///   relaybus deliveries list --handler billing --key order-7
     ///
-    /// `processing` is derived: a pending delivery that its lane lists in flight under a live
-    /// lease. `completed` lists completed rows kept from 0.1 and the completion history (run
-    /// workers with --completion-history to keep one).
+    /// `processing` is derived: a pending delivery that its lane lists in flight
+    /// under a live lease. `completed` lists completed rows kept from 0.1 and the
+    /// completion history (run workers with --completion-history to keep one).
+    #[command(verbatim_doc_comment)]
     List(ListArgs),
     /// Show one delivery: its state, attempts, last error, lane and lease.
     Show {
@@ -190,7 +192,7 @@ pub(crate) fn print_deliveries(
             if !how.dead {
                 row.push(d.status.clone());
             }
-            row.extend([d.attempts.to_string(), cell(d.key.as_deref(), 24), {
+            row.extend([d.attempts.to_string(), cell(d.key.as_deref()), {
                 let at = if how.dead {
                     d.updated_at
                 } else {
@@ -205,12 +207,17 @@ pub(crate) fn print_deliveries(
             if wide {
                 row.push(time(d.created_at));
             }
-            row.push(cell(d.last_error.as_deref(), 200));
+            row.push(cell(d.last_error.as_deref()));
             row
         })
         .collect();
-    // The delivery's and its event's ids.
-    out.table_keeping(&[0, 1], &headers, &table)?;
+    // The key and the last error wrap; nothing is cut.
+    let last = headers.len() - 1;
+    let key = headers
+        .iter()
+        .position(|h| *h == "KEY")
+        .expect("a KEY column");
+    out.table_wrapping(&[key, last], &headers, &table)?;
     if let Some(after) = next_after {
         eprintln!("showing the first {limit}; the next page: --after {after}");
     }
@@ -222,6 +229,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeliveriesArgs) -> R
     store.require_current().await?;
     match args.command {
         DeliveriesCommand::List(a) => {
+            check_filters(&store, a.handler.as_deref(), a.event_type.as_deref()).await?;
             let filter = DeliveryFilter {
                 status: a.status.map(Into::into),
                 handler: a.handler,

@@ -72,7 +72,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DoctorArgs) -> Resul
                 vec![status.into(), c.check.into(), c.subject.clone(), found]
             })
             .collect();
-        out.table_wrapping(&["STATUS", "CHECK", "SUBJECT", "FOUND"], &rows)?;
+        out.table_wrapping(&[3], &["STATUS", "CHECK", "SUBJECT", "FOUND"], &rows)?;
         let repair = if checks.iter().any(|c| c.fix.is_some()) {
             "; `relaybus doctor --fix-sql` prints the repair"
         } else {

@@ -10,6 +10,7 @@ use clap::{Args, Subcommand};
 use serde::Serialize;
 use serde_json::json;
 
+use super::names::known_handler;
 use super::output::{age, time, when};
 use super::{usage, GlobalArgs, Output};
 use crate::store::controls::{Breaker, HandlerControl};
@@ -22,6 +23,8 @@ use crate::store::{HandlerStats, StoreOptions};
 ///   relaybus handlers list
 ///   relaybus handlers resume billing
 ///   relaybus handlers close-breaker crm
+///   relaybus handlers pause --new search-index --reason 'not before the backfill'
+///   relaybus handlers forget old-audit
 ///
 /// A paused handler's deliveries stay pending: running workers stop claiming
 /// them within a second (deliveries already running finish), and claim them
@@ -50,6 +53,10 @@ pub enum HandlersCommand {
         /// Who pauses it [default: $USER@host].
         #[arg(long, value_name = "NAME")]
         by: Option<String>,
+        /// Pause a handler the store has not seen yet (no event names it), on purpose: its
+        /// first deliveries then wait. Without it, an unknown name is refused as a typo.
+        #[arg(long)]
+        new: bool,
     },
     /// Let workers claim a paused handler's deliveries again.
     Resume {
@@ -62,6 +69,12 @@ pub enum HandlersCommand {
         /// The handler.
         name: String,
     },
+    /// Remove a handler's controls (its pause, its breaker) once it has no delivery left, so
+    /// that `handlers list` and `stats` stop showing it.
+    Forget {
+        /// The handler.
+        name: String,
+    },
 }
 
 pub(super) async fn run(g: &GlobalArgs, out: &Output, args: HandlersArgs) -> Result<ExitCode> {
@@ -69,22 +82,67 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: HandlersArgs) -> Res
     store.require_current().await?;
     match args.command {
         HandlersCommand::List => list(&store, out).await,
-        HandlersCommand::Pause { name, reason, by } => {
+        HandlersCommand::Pause {
+            name,
+            reason,
+            by,
+            new,
+        } => {
+            if !new {
+                known_handler(&store, checked(&name)?).await?;
+            }
             let by = by.unwrap_or_else(operator);
             let (reason, now) = (reason.as_deref(), Utc::now());
+            let since = std::sync::Mutex::new(None);
             let changed = store
-                .change_controls(checked(&name)?, &|c| c.pause(&by, reason, now))
+                .change_controls(checked(&name)?, &|c| {
+                    *since.lock().expect("since lock") = c.paused_at;
+                    c.pause(&by, reason, now)
+                })
                 .await?;
-            let said = match &changed {
-                Some(_) => format!(
+            let since = since.into_inner().expect("since lock");
+            let said = match (&changed, since) {
+                (Some(_), None) => format!(
                     "paused handler `{name}`: workers stop claiming its deliveries within a \
                      second; those running finish"
                 ),
-                None => format!("handler `{name}` was paused already, by {by}, for that reason"),
+                (Some(_), Some(at)) => format!(
+                    "handler `{name}` was paused already, since {}; now by {by}{}",
+                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    reason.map(|r| format!(", for: {r}")).unwrap_or_default()
+                ),
+                (None, _) => {
+                    format!("handler `{name}` was paused already, by {by}, for that reason")
+                }
             };
             report(out, &name, changed, &said)
         }
+        HandlersCommand::Forget { name } => {
+            known_handler(&store, checked(&name)?).await?;
+            let left = store
+                .stats()
+                .await?
+                .into_iter()
+                .find(|s| s.handler == name)
+                .map_or(0, |s| s.due + s.scheduled + s.processing + s.dead);
+            if left > 0 {
+                usage!(
+                    "handler `{name}` still has {left} deliveries (due, scheduled, running or \
+                     dead); forget it once none is left"
+                );
+            }
+            let forgot = store.forget_controls(&name).await?;
+            if out.json {
+                out.print_json(&json!({"handler": name, "changed": forgot}))?;
+            } else if forgot {
+                out.line(format!("forgot handler `{name}`: its controls are gone"))?;
+            } else {
+                out.line(format!("handler `{name}` has no controls; nothing changed"))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         HandlersCommand::Resume { name } => {
+            known_handler(&store, checked(&name)?).await?;
             let changed = store
                 .change_controls(checked(&name)?, &|c| c.resume())
                 .await?;
@@ -97,6 +155,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: HandlersArgs) -> Res
             report(out, &name, changed, &said)
         }
         HandlersCommand::CloseBreaker { name } => {
+            known_handler(&store, checked(&name)?).await?;
             let changed = store
                 .change_controls(checked(&name)?, &|c| c.close_breaker())
                 .await?;
@@ -209,7 +268,7 @@ async fn list<S: Store>(store: &S, out: &Output) -> Result<ExitCode> {
         .map(|h| {
             vec![
                 h.handler.clone(),
-                if h.paused { "paused" } else { "running" }.into(),
+                if h.paused { "paused" } else { "active" }.into(),
                 if out.terminal() {
                     when(h.paused_at)
                 } else {
@@ -224,7 +283,9 @@ async fn list<S: Store>(store: &S, out: &Output) -> Result<ExitCode> {
             ]
         })
         .collect();
+    // The reason and who paused are free text; the rest stays on one line.
     out.table_wrapping(
+        &[3, 8],
         &[
             "HANDLER", "STATE", "PAUSED", "BY", "DUE", "DEAD", "LAG", "BREAKER", "REASON",
         ],

@@ -77,9 +77,9 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: LanesArgs) -> Result
                 ]
             })
             .collect();
-        // Only the owner's name may be cut: a lease's time and whether it expired matter most.
-        out.table_keeping(
-            &[0, 2, 3, 4, 5, 6],
+        // Only the owner's name may wrap: a lease's time and whether it expired matter most.
+        out.table_wrapping(
+            &[1],
             &[
                 "LANE",
                 "OWNER",
@@ -145,7 +145,7 @@ pub(super) async fn run_stats(g: &GlobalArgs, out: &Output, _: StatsArgs) -> Res
         .map(|(s, c)| {
             let state = match (c.paused(), c.breaker(now)) {
                 (true, _) => "paused".to_owned(),
-                (false, Breaker::Closed) => "running".to_owned(),
+                (false, Breaker::Closed) => "active".to_owned(),
                 (false, b) => format!("breaker {}", b.name()),
             };
             vec![
@@ -172,7 +172,9 @@ pub(super) async fn run_stats(g: &GlobalArgs, out: &Output, _: StatsArgs) -> Res
         sum(|s| s.completed),
         lag(stats.iter().filter_map(|s| s.lag_seconds).reduce(f64::max)),
     ]);
-    out.table(
+    // A long handler name wraps; the state and the figures stay whole.
+    out.table_wrapping(
+        &[0],
         &[
             "HANDLER",
             "STATE",

@@ -9,6 +9,7 @@ pub mod generate;
 mod handlers;
 mod lanes;
 pub mod logs;
+mod names;
 mod output;
 mod publish;
 mod purge;
@@ -31,7 +32,8 @@ pub use output::Output;
 /// The operator's tool for a relaybus event bus.
 ///
 /// Installs and upgrades the store, renders its schema as SQL, publishes events, runs workers
-/// whose handlers are shell commands or webhooks, and finds, requeues and purges deliveries.
+/// whose handlers are shell commands, webhooks or SQL statements, and finds, requeues and purges
+/// deliveries.
 /// Every command talks to the store given by --database-url (or RELAYBUS_DATABASE_URL, or the
 /// libpq variables PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE).
 ///
@@ -72,7 +74,13 @@ pub struct GlobalArgs {
 
     /// Schema that holds the relaybus tables [default: public]. On MongoDB, the database that
     /// holds the collections [default: the URL's database, else relaybus].
-    #[arg(long, global = true, env = "RELAYBUS_SCHEMA", value_name = "NAME")]
+    #[arg(
+        long,
+        global = true,
+        env = "RELAYBUS_SCHEMA",
+        hide_env_values = true,
+        value_name = "NAME"
+    )]
     pub schema: Option<String>,
 
     /// Prefix of every relaybus table, index and function name (of every collection on
@@ -81,6 +89,7 @@ pub struct GlobalArgs {
         long,
         global = true,
         env = "RELAYBUS_PREFIX",
+        hide_env_values = true,
         default_value = "relaybus_",
         value_name = "PREFIX"
     )]

@@ -5,7 +5,6 @@ use std::io::{self, IsTerminal, Write};
 
 use anyhow::Result;
 use serde::Serialize;
-use unicode_width::{UnicodeWidthChar, UnicodeWidthStr};
 
 pub struct Output {
     pub json: bool,
@@ -77,27 +76,17 @@ impl Output {
         bar
     }
 
-    /// A table with aligned columns and no borders, a row per line. On a terminal the widest
-    /// cells are cut until the table fits the terminal's width, except in the first column,
-    /// which names the row; into a pipe nothing is cut.
-    pub fn table(&self, headers: &[&str], rows: &[Vec<String>]) -> Result<()> {
-        self.table_keeping(&[0], headers, rows)
-    }
-
-    /// A table whose `kept` columns (ids, times, counts) are never cut.
-    pub fn table_keeping(
+    /// A table with aligned columns and no borders, a row per line. On a terminal it fits the
+    /// terminal's width by wrapping the cells of the `wrapping` columns
+    /// (long text a reader must see whole: errors, keys, advice) over several lines; the other
+    /// columns (ids, names, states, times, counts) stay whole on one line. Nothing is cut.
+    pub fn table_wrapping(
         &self,
-        kept: &[usize],
+        wrapping: &[usize],
         headers: &[&str],
         rows: &[Vec<String>],
     ) -> Result<()> {
-        self.print_table(headers, rows, Fit::Cut(kept))
-    }
-
-    /// A table whose long cells wrap within the terminal's width instead of being cut, for text
-    /// a reader must see whole (advice).
-    pub fn table_wrapping(&self, headers: &[&str], rows: &[Vec<String>]) -> Result<()> {
-        self.print_table(headers, rows, Fit::Wrap)
+        self.print_table(headers, rows, Fit(wrapping))
     }
 
     fn print_table(&self, headers: &[&str], rows: &[Vec<String>], fit: Fit) -> Result<()> {
@@ -144,14 +133,13 @@ pub(super) fn time(t: Option<chrono::DateTime<chrono::Utc>>) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
-/// How a table is made to fit a terminal.
+/// How wide a wrapping column other than the last may be (padding included).
+const WRAP_AT: u16 = 26;
+
+/// How a table is made to fit a terminal: the cells of these columns wrap onto more lines; the
+/// others stay whole.
 #[derive(Clone, Copy)]
-enum Fit<'a> {
-    /// Cut the widest cells, never those of these columns.
-    Cut(&'a [usize]),
-    /// Wrap long cells onto more lines.
-    Wrap,
-}
+struct Fit<'a>(&'a [usize]);
 
 /// A table's lines, made to fit `width` when one is given.
 fn table_lines(
@@ -164,87 +152,28 @@ fn table_lines(
     table
         .load_preset(comfy_table::presets::NOTHING)
         .set_content_arrangement(comfy_table::ContentArrangement::Disabled);
-    let rows = match (width, fit) {
-        (Some(width), Fit::Cut(kept)) => fit_columns(kept, headers, rows, width),
-        (Some(width), Fit::Wrap) => {
-            table
-                .set_content_arrangement(comfy_table::ContentArrangement::Dynamic)
-                .set_width(u16::try_from(width).unwrap_or(u16::MAX));
-            rows.to_vec()
-        }
-        (None, _) => rows.to_vec(),
-    };
+    if let Some(width) = width {
+        table
+            .set_content_arrangement(comfy_table::ContentArrangement::Dynamic)
+            .set_width(u16::try_from(width).unwrap_or(u16::MAX));
+    }
     table.set_header(headers.iter().copied());
-    for row in &rows {
+    for row in rows {
         table.add_row(row.iter().map(String::as_str));
     }
-    for column in table.column_iter_mut() {
+    for (i, column) in table.column_iter_mut().enumerate() {
         column.set_padding((0, 2));
+        let last = fit.0.last() == Some(&i);
+        if !fit.0.contains(&i) {
+            column.set_constraint(comfy_table::ColumnConstraint::ContentWidth);
+        } else if !last {
+            // The last wrapping column (an error, a finding) takes the room the others leave.
+            column.set_constraint(comfy_table::ColumnConstraint::UpperBoundary(
+                comfy_table::Width::Fixed(WRAP_AT),
+            ));
+        }
     }
     table.lines().map(|l| l.trim_end().to_owned()).collect()
-}
-
-/// Cuts cells so that the table fits `width`, the widest column first, one column at a time:
-/// first only columns of long text (wider than `LONG`: errors, keys, types), down to their
-/// header's width (6 at least); then, when that is not enough, any column down to its header's
-/// width. A cut cell ends in "…". The `kept` columns are never cut. Widths are display widths,
-/// so wide (CJK) characters count twice.
-fn fit_columns(
-    kept: &[usize],
-    headers: &[&str],
-    rows: &[Vec<String>],
-    width: usize,
-) -> Vec<Vec<String>> {
-    const LONG: usize = 12;
-    let mut widths: Vec<usize> = headers
-        .iter()
-        .enumerate()
-        .map(|(i, h)| {
-            rows.iter()
-                .filter_map(|r| r.get(i))
-                .map(|c| c.width())
-                .chain([h.width()])
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    // Two spaces between columns.
-    let gaps = 2 * headers.len().saturating_sub(1);
-    let long_text: Vec<usize> = headers
-        .iter()
-        .zip(&widths)
-        .map(|(h, &w)| if w > LONG { h.width().max(6) } else { w })
-        .collect();
-    let any = headers.iter().map(|h| h.width()).collect();
-    for floor in [long_text, any] {
-        while widths.iter().sum::<usize>() + gaps > width {
-            let Some(widest) = (0..widths.len())
-                .filter(|&i| !kept.contains(&i) && widths[i] > floor[i])
-                .max_by_key(|&i| (widths[i], i))
-            else {
-                break;
-            };
-            widths[widest] -= 1;
-        }
-    }
-    rows.iter()
-        .map(|r| r.iter().zip(&widths).map(|(c, &w)| cut(c, w)).collect())
-        .collect()
-}
-
-/// `text` cut to `width` columns, ending in "…" when cut.
-fn cut(text: &str, width: usize) -> String {
-    if text.width() <= width {
-        return text.to_owned();
-    }
-    let mut cut = String::new();
-    for c in text.chars() {
-        if cut.width() + c.width().unwrap_or(0) + 1 > width {
-            break;
-        }
-        cut.push(c);
-    }
-    cut + "…"
 }
 
 /// An id as a table shows it: whole, or on a terminal its last 12 characters (the random part of
@@ -291,15 +220,10 @@ pub(super) fn age(seconds: f64) -> String {
     }
 }
 
-/// A text cut to `max` characters for a table cell, on one line.
-pub(super) fn cell(text: Option<&str>, max: usize) -> String {
-    let Some(text) = text else {
-        return "-".into();
-    };
-    let line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if line.chars().count() <= max {
-        line
-    } else {
-        line.chars().take(max.saturating_sub(1)).collect::<String>() + "…"
+/// A text for a table cell: its words on one line, whole (the table wraps it).
+pub(super) fn cell(text: Option<&str>) -> String {
+    match text {
+        Some(text) => text.split_whitespace().collect::<Vec<_>>().join(" "),
+        None => "-".into(),
     }
 }

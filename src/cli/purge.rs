@@ -85,10 +85,13 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: PurgeArgs) -> Result
         if out.json {
             out.print_json(&json!({"dry_run": true, "would_delete": planned}))?;
         } else {
-            out.line(format!(
-                "would delete {}; dry run, nothing deleted",
-                what_goes(&planned)
-            ))?;
+            out.paragraph(
+                format!(
+                    "would delete {}; dry run, nothing deleted",
+                    what_goes(&planned)
+                ),
+                0,
+            )?;
         }
         return Ok(ExitCode::SUCCESS);
     }

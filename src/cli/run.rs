@@ -24,8 +24,7 @@ use crate::store::controls::BreakerPolicy;
 use crate::store::prelude::*;
 use crate::store::{AnyStore, StoreOptions};
 
-/// Run a worker: claim deliveries and hand them to shell commands, webhooks or SQL
-/// statements.
+/// Run a worker: claim deliveries and hand them to shell commands, webhooks or SQL.
 ///
 /// One handler from flags:
 ///

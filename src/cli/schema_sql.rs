@@ -8,8 +8,7 @@ use clap::{Args, ValueEnum};
 use super::{GlobalArgs, Output};
 use crate::store::{schema_script, Engine, Script};
 
-/// Print the schema as SQL for your own migration tool (Flyway, Atlas, sqitch, a
-/// DBA).
+/// Print the schema as SQL for your own migration tool (Flyway, Atlas, a DBA).
 ///
 /// Connects to nothing. Without --from, prints the complete install script for an
 /// empty database; with --from 0.1, the in-place conversion of a 0.1 store. Both

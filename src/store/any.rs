@@ -212,6 +212,9 @@ impl Controls for AnyStore {
     ) -> Result<Option<HandlerControl>> {
         on_engine!(self, s => s.change_controls(handler, change).await)
     }
+    async fn forget_controls(&self, handler: &str) -> Result<bool> {
+        on_engine!(self, s => s.forget_controls(handler).await)
+    }
 }
 
 impl SqlHandler for AnyStore {
@@ -244,6 +247,9 @@ impl Inspect for AnyStore {
     }
     async fn stats(&self) -> Result<Vec<HandlerStats>> {
         on_engine!(self, s => s.stats().await)
+    }
+    async fn event_named(&self, name: EventName<'_>) -> Result<bool> {
+        on_engine!(self, s => s.event_named(name).await)
     }
 }
 

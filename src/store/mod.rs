@@ -248,6 +248,10 @@ pub trait Inspect: Send + Sync + 'static {
     fn lanes(&self) -> impl Future<Output = Result<Vec<LaneRow>>> + Send;
 
     fn stats(&self) -> impl Future<Output = Result<Vec<HandlerStats>>> + Send;
+
+    /// Whether any event carries the name. It stops at the first event found; for a name no
+    /// event carries (a typo) it reads every event.
+    fn event_named(&self, name: EventName<'_>) -> impl Future<Output = Result<bool>> + Send;
 }
 
 /// Pauses and circuit breakers (`controls::HandlerControl`), shared by every worker of the
@@ -264,6 +268,9 @@ pub trait Controls: Send + Sync + 'static {
         handler: &str,
         change: &(dyn Fn(&mut controls::HandlerControl) -> bool + Sync),
     ) -> impl Future<Output = Result<Option<controls::HandlerControl>>> + Send;
+
+    /// Removes one handler's controls; false when it had none.
+    fn forget_controls(&self, handler: &str) -> impl Future<Output = Result<bool>> + Send;
 }
 
 /// Dead letters brought back.

@@ -388,6 +388,13 @@ pub enum DeliveryStatus {
     Completed,
 }
 
+/// A name an event may carry: a handler it was published for, or its type.
+#[derive(Clone, Copy, Debug)]
+pub enum EventName<'a> {
+    Handler(&'a str),
+    Type(&'a str),
+}
+
 /// What `deliveries list` selects.
 #[derive(Clone, Debug, Default)]
 pub struct DeliveryFilter {

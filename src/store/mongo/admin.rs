@@ -14,8 +14,8 @@ use super::{MongoStore, COMPLETIONS, DELIVERIES, EVENTS, READY};
 use crate::store::lane::lane_of;
 use crate::store::{
     DeadLetters, DeliveryDetail, DeliveryFilter, DeliveryRow, DeliveryStatus, EventDetail,
-    HandlerStats, Inspect, LaneRow, LeaseToken, PurgeBatch, PurgeCounts, PurgeKind, PurgeOptions,
-    RequeueSelector, Result, Retention,
+    EventName, HandlerStats, Inspect, LaneRow, LeaseToken, PurgeBatch, PurgeCounts, PurgeKind,
+    PurgeOptions, RequeueSelector, Result, Retention,
 };
 
 /// Deliveries shown with one event.
@@ -434,6 +434,25 @@ impl Inspect for MongoStore {
                 }
             })
             .collect())
+    }
+
+    async fn event_named(&self, name: EventName<'_>) -> Result<bool> {
+        let filter = match name {
+            EventName::Handler(h) => doc! { "handlers": h },
+            EventName::Type(t) => doc! { "type": t },
+        };
+        let found = self
+            .conn
+            .collection(&self.name(EVENTS))
+            .await?
+            .find_one(filter)
+            .projection(doc! { "_id": 1 })
+            .await
+            .map_err(
+                self.conn
+                    .error("could not look for the name among the events"),
+            )?;
+        Ok(found.is_some())
     }
 
     async fn stats(&self) -> Result<Vec<HandlerStats>> {

@@ -54,6 +54,16 @@ impl Controls for MongoStore {
             .collect())
     }
 
+    async fn forget_controls(&self, handler: &str) -> Result<bool> {
+        let deleted = self
+            .coll(HANDLERS)
+            .await?
+            .delete_one(doc! { "_id": handler })
+            .await
+            .map_err(self.conn.error("could not remove the handler's controls"))?;
+        Ok(deleted.deleted_count == 1)
+    }
+
     async fn change_controls(
         &self,
         handler: &str,

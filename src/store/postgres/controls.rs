@@ -63,6 +63,15 @@ impl Controls for PgStore {
         Ok(rows.iter().map(control).collect())
     }
 
+    async fn forget_controls(&self, handler: &str) -> Result<bool> {
+        let mut conn = self.pool.get().await?;
+        let rows = conn
+            .query(&self.sql.forget_controls, &[&handler])
+            .await
+            .map_err(db("could not remove the handler's controls"))?;
+        Ok(!rows.is_empty())
+    }
+
     async fn change_controls(
         &self,
         handler: &str,

@@ -162,6 +162,8 @@ statements! {
     controls => "controls/list",
     lock_controls => "controls/lock",
     write_controls => "controls/write",
+    forget_controls => "controls/forget",
+    event_named => "admin/event_named",
     stats => "admin/stats",
     bench_preload_events => "bench/preload_events",
     bench_preload_deliveries => "bench/preload_deliveries",

@@ -8,8 +8,8 @@ use super::super::{owner_name, PgStore};
 use super::delivery_row;
 use crate::store::lane::lane_of;
 use crate::store::{
-    DeliveryDetail, DeliveryFilter, DeliveryRow, DeliveryStatus, EventDetail, HandlerStats,
-    Inspect, LaneRow, LeaseToken, Result,
+    DeliveryDetail, DeliveryFilter, DeliveryRow, DeliveryStatus, EventDetail, EventName,
+    HandlerStats, Inspect, LaneRow, LeaseToken, Result,
 };
 
 /// The most deliveries `events show` lists.
@@ -133,6 +133,19 @@ impl Inspect for PgStore {
                 oldest_due: r.get(7),
             })
             .collect())
+    }
+
+    async fn event_named(&self, name: EventName<'_>) -> Result<bool> {
+        let (handler, event_type) = match name {
+            EventName::Handler(h) => (Some(h), None),
+            EventName::Type(t) => (None, Some(t)),
+        };
+        let conn = self.pool.get().await?;
+        let row = conn
+            .query_once(&self.sql.event_named, &[&handler, &event_type])
+            .await
+            .map_err(db("could not look for the name among the events"))?;
+        Ok(row[0].get(0))
     }
 
     async fn stats(&self) -> Result<Vec<HandlerStats>> {
