@@ -47,6 +47,9 @@ fn choose(variable: &str, local: &str, port: u16, engine: Engine) -> String {
     }
     let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     if std::net::TcpStream::connect_timeout(&address, Duration::from_secs(1)).is_ok() {
+        if let Engine::Postgres = engine {
+            create_database(local);
+        }
         return local.to_owned();
     }
     #[cfg(feature = "testcontainers")]
@@ -71,6 +74,39 @@ fn choose(variable: &str, local: &str, port: u16, engine: Engine) -> String {
     let url = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     eprintln!("nothing answers at {local}: these tests use a throwaway server at {url}");
     url
+}
+
+/// Creates the database `url` names when the server lacks it, so that a local server without
+/// one passes the tests as it is. A failure is the tests' to report, when they connect.
+fn create_database(url: &str) {
+    let url = url.to_owned();
+    // A runtime of its own, on a thread of its own: this may be called inside another runtime.
+    let created = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()?;
+        runtime.block_on(async {
+            let config: tokio_postgres::Config = url.parse().ok()?;
+            let db = config.get_dbname()?.to_owned();
+            let mut admin = config.clone();
+            admin.dbname("postgres");
+            let (client, connection) = admin.connect(tokio_postgres::NoTls).await.ok()?;
+            tokio::spawn(connection);
+            let found = client
+                .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&db])
+                .await
+                .ok()?;
+            if found.is_none() {
+                // Another test process may create it first.
+                let _ = client
+                    .batch_execute(&format!("CREATE DATABASE \"{db}\""))
+                    .await;
+            }
+            Some(())
+        })
+    });
+    let _ = created.join();
 }
 
 /// A Docker engine answers where testcontainers looks first.

@@ -187,7 +187,63 @@ fn listings_filter_by_status_handler_key_event_and_type() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert_eq!(stderr(&out), "error: no delivery `nope` (completed deliveries are deleted; see `relaybus deliveries list --status completed`)\n");
+    assert_eq!(stderr(&out), "error: no delivery has the id `nope`, nor one that begins or ends with it; a completed delivery is deleted (`relaybus deliveries list --status completed` lists the history, kept by workers run with --completion-history)\n");
+}
+
+/// A table shows an id's last 12 characters: that, or any unique start or end of an id, names
+/// it in `deliveries show`, `events show`, `dead requeue --id` and `deliveries list --event`;
+/// one that several ids share is refused, naming them.
+#[test]
+fn a_short_id_as_a_table_shows_it_names_the_delivery() {
+    let s = TestSchema::installed("short_ids");
+    s.publish(&[
+        json!({"id": "order-0001", "type": "t", "handlers": ["billing"]}),
+        json!({"id": "order-0002", "type": "t", "handlers": ["billing"]}),
+    ]);
+    bury(&s, "billing", "boom");
+    let ids = s.rows(&format!(
+        "SELECT id FROM {} ORDER BY id",
+        s.table("deliveries")
+    ));
+    let listed = on_a_terminal(&s, 200, "dead list", b"");
+    let shown = format!("…{}", &ids[0][ids[0].len() - 12..]);
+    assert!(listed.contains(&shown), "{listed}");
+    let short = &shown["…".len()..];
+    let out = s
+        .cmd()
+        .args(["deliveries", "show", short, "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let shown: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(shown["id"], ids[0].as_str());
+    let out = s
+        .cmd()
+        .args(["events", "show", "0002", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let event: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(event["id"], "order-0002");
+    let several = s.cmd().args(["events", "show", "order"]).output().unwrap();
+    assert_eq!(
+        (several.status.code(), stderr(&several)),
+        (
+            Some(2),
+            "error: the id `order` matches several events (`order-0001`, `order-0002`); give more of it\n".to_owned()
+        )
+    );
+    let out = s
+        .cmd()
+        .args(["dead", "requeue", "--id", short, "--yes"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        stdout(&out),
+        "requeued 1 of 1 matching dead deliveries\n",
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]

@@ -412,6 +412,7 @@ fn handlers_die_with_a_killed_worker() {
 #[test]
 fn key_value_strings_and_tls_modes_reach_the_server_as_libpq_would() {
     let s = TestSchema::installed("tls");
+    let db = crate::common::database_name();
     let root = "/etc/ssl/certs/ssl-cert-snakeoil.pem";
     let check = |conn: &str| {
         s.cmd()
@@ -421,16 +422,16 @@ fn key_value_strings_and_tls_modes_reach_the_server_as_libpq_would() {
             .unwrap()
     };
     for conn in [
-        "host=127.0.0.1 user=postgres dbname=test sslmode=require".to_owned(),
-        format!("host=localhost user=postgres dbname=test sslmode=verify-full sslrootcert={root}"),
-        format!("host=127.0.0.1 user=postgres dbname=test sslmode=verify-ca sslrootcert={root}"),
-        format!("postgres://postgres@localhost/test?sslmode=verify-full&sslrootcert={root}"),
+        format!("host=127.0.0.1 user=postgres dbname={db} sslmode=require"),
+        format!("host=localhost user=postgres dbname={db} sslmode=verify-full sslrootcert={root}"),
+        format!("host=127.0.0.1 user=postgres dbname={db} sslmode=verify-ca sslrootcert={root}"),
+        format!("postgres://postgres@localhost/{db}?sslmode=verify-full&sslrootcert={root}"),
     ] {
         let out = check(&conn);
         assert!(out.status.success(), "{conn}: {}", stderr(&out));
     }
     let out = check(&format!(
-        "host=127.0.0.1 user=postgres dbname=test sslmode=verify-full sslrootcert={root}"
+        "host=127.0.0.1 user=postgres dbname={db} sslmode=verify-full sslrootcert={root}"
     ));
     assert_eq!(out.status.code(), Some(69));
     assert!(
@@ -443,7 +444,7 @@ fn key_value_strings_and_tls_modes_reach_the_server_as_libpq_would() {
         let worker = StdCommand::new(assert_cmd::cargo::cargo_bin("relaybus"))
             .env(
                 "RELAYBUS_DATABASE_URL",
-                format!("host=127.0.0.1 user=postgres dbname=test sslmode={mode}"),
+                format!("host=127.0.0.1 user=postgres dbname={db} sslmode={mode}"),
             )
             .env("PGAPPNAME", format!("tls-{mode}-{}", s.name))
             .args(["--schema", &s.name, "run", "--handler", "h", "--noop"])
@@ -564,12 +565,13 @@ fn a_server_that_never_answers_fails_within_the_connect_timeout() {
 #[test]
 fn the_libpq_variables_are_enough_to_connect() {
     let s = TestSchema::installed("libpq_env");
+    let db = crate::common::database_name();
     s.cmd()
         .env_remove("RELAYBUS_DATABASE_URL")
         .env("PGHOST", "127.0.0.1")
         .env("PGPORT", "5432")
         .env("PGUSER", "postgres")
-        .env("PGDATABASE", "test")
+        .env("PGDATABASE", &db)
         .env("PGSSLMODE", "require")
         .args(["setup", "--check"])
         .assert()
@@ -702,6 +704,7 @@ fn a_runtime_role_with_the_rendered_grants_runs_everything_but_schema_changes() 
         }
     }
     let s = TestSchema::installed("runtime_role");
+    let db = crate::common::database_name();
     let role = Role(format!("rb_app_{}", std::process::id()));
     s.exec(&format!(
         "DROP ROLE IF EXISTS \"{0}\"; CREATE ROLE \"{0}\" LOGIN",
@@ -714,7 +717,7 @@ fn a_runtime_role_with_the_rendered_grants_runs_everything_but_schema_changes() 
         .unwrap();
     assert!(grants.status.success(), "{}", stderr(&grants));
     s.exec(&stdout(&grants));
-    let url = format!("postgres://{}@127.0.0.1:5432/test", role.0);
+    let url = format!("postgres://{}@127.0.0.1:5432/{db}", role.0);
     let as_role = |args: &[&str]| {
         let out = s
             .cmd()
@@ -928,12 +931,13 @@ fn setup_refuses_to_adopt_an_application_s_table() {
 #[test]
 fn the_unix_socket_default_connects_without_tls() {
     let s = TestSchema::installed("unix_socket");
+    let db = crate::common::database_name();
     for conn in [
-        "host=/var/run/postgresql user=postgres dbname=test",
-        "host=/var/run/postgresql user=postgres dbname=test sslmode=require",
+        format!("host=/var/run/postgresql user=postgres dbname={db}"),
+        format!("host=/var/run/postgresql user=postgres dbname={db} sslmode=require"),
     ] {
         let out = relaybus()
-            .env("RELAYBUS_DATABASE_URL", conn)
+            .env("RELAYBUS_DATABASE_URL", &conn)
             .args(["--schema", &s.name, "setup", "--check"])
             .output()
             .unwrap();
@@ -942,7 +946,7 @@ fn the_unix_socket_default_connects_without_tls() {
     let out = relaybus()
         .env_remove("RELAYBUS_DATABASE_URL")
         .env("PGUSER", "postgres")
-        .env("PGDATABASE", "test")
+        .env("PGDATABASE", &db)
         .env_remove("PGHOST")
         .env_remove("PGPORT")
         .args(["--schema", &s.name, "setup", "--check"])

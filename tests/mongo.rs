@@ -1205,6 +1205,36 @@ fn connection_failures_say_what_failed_in_one_sentence() {
         !text.contains("wrong") && !text.contains("labels"),
         "{text}"
     );
+    // Reached without credentials: the server answers, and refuses the first command.
+    let out = relaybus()
+        .env("RELAYBUS_DATABASE_URL", server.url(""))
+        .arg("stats")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69));
+    assert!(
+        stderr(&out).contains(": the server requires authentication, or this user lacks the privileges: give a user and password in the URL"),
+        "{}",
+        stderr(&out)
+    );
+    // A server that answers as a member of another replica set.
+    let other = format!(
+        "{}&replicaSet=elsewhere",
+        server
+            .url("app:right@")
+            .replace("directConnection=true&", "")
+    );
+    let out = relaybus()
+        .env("RELAYBUS_DATABASE_URL", &other)
+        .arg("stats")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69));
+    assert!(
+        stderr(&out).contains("no member of the replica set `elsewhere` answered"),
+        "{}",
+        stderr(&out)
+    );
     let out = relaybus()
         .env("RELAYBUS_DATABASE_URL", "mongodb://app:p@127.0.0.1:99999/")
         .args(["bench", "--yes"])

@@ -399,7 +399,7 @@ fn exit_65_buries_at_once_and_the_envelope_is_on_stdin() {
     let dir = tempfile::tempdir().unwrap();
     let env_file = dir.path().join("env");
     let cmd = format!(
-        "cat > {0}.json; env | grep ^RELAYBUS_ | sort > {0}; exit 65",
+        "cat > {0}.json; env | grep ^RELAYBUS_ | grep -v ^RELAYBUS_TEST_ | sort > {0}; exit 65",
         env_file.display()
     );
     s.cmd()

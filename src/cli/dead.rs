@@ -8,11 +8,11 @@ use clap::{Args, Subcommand};
 use serde_json::json;
 
 use super::deliveries::{print_deliveries, show_sample, Listing, Page};
-use super::names::check_filters;
+use super::names::{check_filters, whole_id};
 use super::output::{confirm, declined};
 use super::{GlobalArgs, Output};
 use crate::store::prelude::*;
-use crate::store::{DeliveryFilter, DeliveryStatus, RequeueSelector, StoreOptions};
+use crate::store::{DeliveryFilter, DeliveryStatus, Record, RequeueSelector, StoreOptions};
 
 /// List and requeue dead deliveries (those buried after their last attempt, exit 65 or HTTP 410).
 #[derive(Debug, Args)]
@@ -103,8 +103,12 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeadArgs) -> Result<
         }
         DeadCommand::Requeue(a) => {
             check_filters(&store, a.handler.as_deref(), a.event_type.as_deref()).await?;
+            let mut ids = Vec::with_capacity(a.ids.len());
+            for id in &a.ids {
+                ids.push(whole_id(&store, Record::Delivery, id).await?);
+            }
             let selector = RequeueSelector {
-                ids: a.ids,
+                ids,
                 handler: a.handler,
                 event_type: a.event_type,
                 error_contains: a.error_contains,

@@ -5,11 +5,11 @@ use std::process::ExitCode;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
 
-use super::names::check_filters;
+use super::names::{check_filters, whole_id};
 use super::output::{cell, short_id, time, when};
 use super::{GlobalArgs, Output};
 use crate::store::prelude::*;
-use crate::store::{DeliveryFilter, DeliveryRow, DeliveryStatus, StoreOptions};
+use crate::store::{DeliveryFilter, DeliveryRow, DeliveryStatus, Record, StoreOptions};
 
 /// List and inspect deliveries.
 #[derive(Debug, Args)]
@@ -230,11 +230,15 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeliveriesArgs) -> R
     match args.command {
         DeliveriesCommand::List(a) => {
             check_filters(&store, a.handler.as_deref(), a.event_type.as_deref()).await?;
+            let event = match a.event {
+                Some(e) => Some(whole_id(&store, Record::Event, &e).await?),
+                None => None,
+            };
             let filter = DeliveryFilter {
                 status: a.status.map(Into::into),
                 handler: a.handler,
                 key: a.key,
-                event_id: a.event,
+                event_id: event,
                 event_type: a.event_type,
                 after: a.page.after.clone(),
                 limit: a.page.limit + 1,
@@ -251,8 +255,9 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeliveriesArgs) -> R
             print_deliveries(out, rows, &how)?;
         }
         DeliveriesCommand::Show { id } => {
+            let id = whole_id(&store, Record::Delivery, &id).await?;
             let Some(d) = store.show_delivery(&id).await? else {
-                bail!("no delivery `{id}` (completed deliveries are deleted; see `relaybus deliveries list --status completed`)");
+                bail!("no delivery has the id `{id}`, nor one that begins or ends with it; a completed delivery is deleted (`relaybus deliveries list --status completed` lists the history, kept by workers run with --completion-history)");
             };
             if out.json {
                 out.print_json(&d)?;
@@ -305,8 +310,9 @@ pub(super) async fn run_events(g: &GlobalArgs, out: &Output, args: EventsArgs) -
     let store = g.open(StoreOptions::admin())?;
     store.require_current().await?;
     let EventsCommand::Show { id } = args.command;
+    let id = whole_id(&store, Record::Event, &id).await?;
     let Some(e) = store.show_event(&id).await? else {
-        bail!("no event `{id}` (purged, or never published)");
+        bail!("no event has the id `{id}`, nor one that begins or ends with it (purged, or never published)");
     };
     if out.json {
         return out.print_json(&e).map(|_| ExitCode::SUCCESS);

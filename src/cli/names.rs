@@ -1,13 +1,14 @@
 //! Names an operator types. A handler the store has never seen (no event names it, no delivery,
 //! no control row) is a typo until the operator says otherwise: a command that would act on it,
 //! or list nothing for it, refuses (exit 2) naming the closest handlers it knows. An event type
-//! is open-ended, so one never seen is only warned about.
+//! is open-ended, so one never seen is only warned about. An id may be given as the part a
+//! table shows (its end) or any unique start or end of it.
 
 use anyhow::Result;
 
 use super::usage;
 use crate::store::prelude::*;
-use crate::store::EventName;
+use crate::store::{EventName, Record};
 
 /// Fails (a usage error) unless the store has seen the handler `name`.
 pub(super) async fn known_handler<S: Store>(store: &S, name: &str) -> Result<()> {
@@ -31,6 +32,31 @@ pub(super) async fn known_handler<S: Store>(store: &S, name: &str) -> Result<()>
     usage!(
         "no handler `{name}` in this store (no event names it, no delivery, no control row){hint}"
     )
+}
+
+/// The whole id that `given` stands for: itself when a record has that id (the caller looks it
+/// up), else the one id that begins or ends with it. Several are a usage error naming them.
+pub(super) async fn whole_id<S: Store>(store: &S, record: Record, given: &str) -> Result<String> {
+    let exact = match record {
+        Record::Delivery => store.show_delivery(given).await?.is_some(),
+        Record::Event => store.show_event(given).await?.is_some(),
+    };
+    if exact {
+        return Ok(given.to_owned());
+    }
+    match store.ids_like(record, given, 4).await?.as_slice() {
+        [] => Ok(given.to_owned()),
+        [one] => Ok(one.clone()),
+        several => {
+            let more = if several.len() > 3 { ", ..." } else { "" };
+            let shown: Vec<&String> = several.iter().take(3).collect();
+            usage!(
+                "the id `{given}` matches several {}s ({}{more}); give more of it",
+                record.name(),
+                quoted(&shown)
+            )
+        }
+    }
 }
 
 /// Checks a listing's or a selection's filters: the handler must be known, and an unseen type

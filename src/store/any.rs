@@ -251,6 +251,9 @@ impl Inspect for AnyStore {
     async fn event_named(&self, name: EventName<'_>) -> Result<bool> {
         on_engine!(self, s => s.event_named(name).await)
     }
+    async fn ids_like(&self, record: Record, part: &str, limit: i64) -> Result<Vec<String>> {
+        on_engine!(self, s => s.ids_like(record, part, limit).await)
+    }
 }
 
 impl DeadLetters for AnyStore {

@@ -252,6 +252,15 @@ pub trait Inspect: Send + Sync + 'static {
     /// Whether any event carries the name. It stops at the first event found; for a name no
     /// event carries (a typo) it reads every event.
     fn event_named(&self, name: EventName<'_>) -> impl Future<Output = Result<bool>> + Send;
+
+    /// The ids of deliveries or events that begin or end with `part`, at most `limit`, in id
+    /// order: what a shortened id stands for. Reads them through.
+    fn ids_like(
+        &self,
+        record: Record,
+        part: &str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<String>>> + Send;
 }
 
 /// Pauses and circuit breakers (`controls::HandlerControl`), shared by every worker of the

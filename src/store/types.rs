@@ -388,6 +388,22 @@ pub enum DeliveryStatus {
     Completed,
 }
 
+/// What an id names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Record {
+    Delivery,
+    Event,
+}
+
+impl Record {
+    pub fn name(self) -> &'static str {
+        match self {
+            Record::Delivery => "delivery",
+            Record::Event => "event",
+        }
+    }
+}
+
 /// A name an event may carry: a handler it was published for, or its type.
 #[derive(Clone, Copy, Debug)]
 pub enum EventName<'a> {

@@ -24,6 +24,12 @@ pub fn database_url() -> String {
     test_servers::postgres_url()
 }
 
+/// The database the tests use, as RELAYBUS_TEST_DATABASE_URL (or its default) names it.
+pub fn database_name() -> String {
+    let config: tokio_postgres::Config = database_url().parse().expect("a valid test URL");
+    config.get_dbname().unwrap_or("postgres").to_owned()
+}
+
 /// How long any one wait of a test on the runtime may take: a server that stops answering
 /// fails the test instead of hanging the run.
 pub const BLOCK_ON_TIMEOUT: Duration = Duration::from_secs(120);

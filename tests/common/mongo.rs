@@ -140,21 +140,33 @@ impl Drop for TestMongo {
 }
 
 /// Runs a script with `mongosh` against the test server (RELAYBUS_TEST_MONGOSH, default the copy
-/// `.ci/run` installs into `.mongosh/`); panics with its output when it fails.
+/// `scripts/install-mongosh.sh` installs into `.mongosh/` the first time one is needed); panics
+/// with its output when it fails.
 pub fn mongosh(script: &str) -> String {
     let (ok, text) = try_mongosh(script);
     assert!(ok, "mongosh failed:\n{script}\n{text}");
     text
 }
 
+/// The copy of mongosh in `.mongosh/`, installed by the first test that needs it.
+fn installed_mongosh() -> String {
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let script = format!("{}/scripts/install-mongosh.sh", env!("CARGO_MANIFEST_DIR"));
+        let out = std::process::Command::new(&script)
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .unwrap_or_else(|e| panic!("could not run {script}: {e}"));
+        assert!(out.status.success(), "{script} could not install mongosh");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    })
+    .clone()
+}
+
 /// Runs a script with `mongosh`: whether it succeeded, and what it printed.
 pub fn try_mongosh(script: &str) -> (bool, String) {
-    let bin = std::env::var("RELAYBUS_TEST_MONGOSH").unwrap_or_else(|_| {
-        format!(
-            "{}/.mongosh/node_modules/.bin/mongosh",
-            env!("CARGO_MANIFEST_DIR")
-        )
-    });
+    let bin = std::env::var("RELAYBUS_TEST_MONGOSH").unwrap_or_else(|_| installed_mongosh());
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), script).unwrap();
     let out = std::process::Command::new(&bin)

@@ -15,7 +15,7 @@ use crate::store::lane::lane_of;
 use crate::store::{
     DeadLetters, DeliveryDetail, DeliveryFilter, DeliveryRow, DeliveryStatus, EventDetail,
     EventName, HandlerStats, Inspect, LaneRow, LeaseToken, PurgeBatch, PurgeCounts, PurgeKind,
-    PurgeOptions, RequeueSelector, Result, Retention,
+    PurgeOptions, Record, RequeueSelector, Result, Retention,
 };
 
 /// Deliveries shown with one event.
@@ -453,6 +453,34 @@ impl Inspect for MongoStore {
                     .error("could not look for the name among the events"),
             )?;
         Ok(found.is_some())
+    }
+
+    async fn ids_like(&self, record: Record, part: &str, limit: i64) -> Result<Vec<String>> {
+        let collection = match record {
+            Record::Delivery => DELIVERIES,
+            Record::Event => EVENTS,
+        };
+        let text = literal(part);
+        let failed = self.conn.error("could not look for the ids");
+        let cursor = self
+            .conn
+            .collection(&self.name(collection))
+            .await?
+            .find(doc! { "$or": [
+                { "_id": { "$regex": format!("^{text}") } },
+                { "_id": { "$regex": format!("{text}$") } },
+            ] })
+            .projection(doc! { "_id": 1 })
+            .sort(doc! { "_id": 1 })
+            .limit(limit)
+            .await
+            .map_err(&failed)?;
+        Ok(all(cursor)
+            .await
+            .map_err(&failed)?
+            .iter()
+            .filter_map(|d: &Document| d.get_str("_id").ok().map(str::to_owned))
+            .collect())
     }
 
     async fn stats(&self) -> Result<Vec<HandlerStats>> {

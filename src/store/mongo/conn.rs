@@ -136,10 +136,11 @@ impl Connection {
         context: impl Into<String>,
     ) -> impl Fn(mongodb::error::Error) -> StoreError + '_ {
         let context = context.into();
-        move |cause| match *cause.kind {
+        move |cause| match &*cause.kind {
             ErrorKind::ServerSelection { .. }
             | ErrorKind::DnsResolve { .. }
             | ErrorKind::Authentication { .. } => self.connect_error(cause),
+            ErrorKind::Command(c) if c.code == UNAUTHORIZED => self.connect_error(cause),
             _ => StoreError::Database {
                 context: context.clone(),
                 detail: describe(&cause),
@@ -206,19 +207,39 @@ pub(super) fn describe(e: &mongodb::error::Error) -> String {
     match &*e.kind {
         ErrorKind::ServerSelection { message, .. } => {
             let servers = server_errors(message);
-            if servers.is_empty() {
-                "no server answered before the server selection timeout \
-                 (serverSelectionTimeoutMS)"
-                    .to_owned()
-            } else {
-                servers.join("; ")
+            match replica_set(message) {
+                _ if !servers.is_empty() => servers.join("; "),
+                Some(set) => format!(
+                    "no member of the replica set `{set}` answered before the server selection \
+                     timeout (serverSelectionTimeoutMS); a server that answers as a member of \
+                     another set is left out: check `replicaSet` in the URL"
+                ),
+                None => "no server answered before the server selection timeout \
+                         (serverSelectionTimeoutMS)"
+                    .to_owned(),
             }
         }
+        ErrorKind::Command(c) if c.code == UNAUTHORIZED => format!(
+            "the server requires authentication, or this user lacks the privileges: give a \
+             user and password in the URL (mongodb://user:password@host/...) with a role that \
+             may read and write the database ({}: {})",
+            c.code_name, c.message
+        ),
         ErrorKind::Authentication { message, .. } => {
             format!("bad credentials (authentication failed: {message})")
         }
         kind => kind.to_string(),
     }
+}
+
+/// The server's code for a command refused for want of authentication or privileges.
+const UNAUTHORIZED: i32 = 13;
+
+/// The replica set the driver looked for, as its server selection message names it.
+fn replica_set(message: &str) -> Option<&str> {
+    let after = message.split("Set Name: ").nth(1)?;
+    let name = after.split([',', ' ', '}']).next()?;
+    (!name.is_empty() && name != "None").then_some(name)
 }
 
 /// `address: error` of each server the driver's server selection message lists with an error,

@@ -164,6 +164,8 @@ statements! {
     write_controls => "controls/write",
     forget_controls => "controls/forget",
     event_named => "admin/event_named",
+    delivery_ids_like => "admin/delivery_ids_like",
+    event_ids_like => "admin/event_ids_like",
     stats => "admin/stats",
     bench_preload_events => "bench/preload_events",
     bench_preload_deliveries => "bench/preload_deliveries",

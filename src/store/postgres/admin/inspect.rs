@@ -9,7 +9,7 @@ use super::delivery_row;
 use crate::store::lane::lane_of;
 use crate::store::{
     DeliveryDetail, DeliveryFilter, DeliveryRow, DeliveryStatus, EventDetail, EventName,
-    HandlerStats, Inspect, LaneRow, LeaseToken, Result,
+    HandlerStats, Inspect, LaneRow, LeaseToken, Record, Result,
 };
 
 /// The most deliveries `events show` lists.
@@ -146,6 +146,19 @@ impl Inspect for PgStore {
             .await
             .map_err(db("could not look for the name among the events"))?;
         Ok(row[0].get(0))
+    }
+
+    async fn ids_like(&self, record: Record, part: &str, limit: i64) -> Result<Vec<String>> {
+        let sql = match record {
+            Record::Delivery => &self.sql.delivery_ids_like,
+            Record::Event => &self.sql.event_ids_like,
+        };
+        let conn = self.pool.get().await?;
+        let rows = conn
+            .query_once(sql, &[&part, &limit])
+            .await
+            .map_err(db("could not look for the ids"))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     async fn stats(&self) -> Result<Vec<HandlerStats>> {
