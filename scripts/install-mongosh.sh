@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/common.sh
 bin=.mongosh/node_modules/.bin/mongosh
+# One install at a time: tests that start at once may all find it missing.
+exec 9>".mongosh.lock"
+flock 9
 if [ ! -x "$bin" ]; then
   if ! command -v npm >/dev/null; then
     say "installing Node.js and npm with apt-get"

@@ -1,25 +1,19 @@
 #!/usr/bin/env bash
 # A private MongoDB wire server for as long as process PID lives: SecantusDB (a single-node,
 # replica-set-like server with transactions and change streams, from the Python package index)
-# installed into .venv-mongo when missing, its data in a temporary directory, a free port.
+# installed into .venv-mongo when missing (scripts/install-secantusdb.sh), its data in a temporary
+# directory, a free port.
 # Prints the URL; once PID has exited the server is stopped and its directory removed.
 #   url=$(scripts/throwaway-mongodb.sh $$)
 set -euo pipefail
 owner=${1:?usage: throwaway-mongodb.sh PID}
 cd "$(dirname "$0")/.."
 . scripts/common.sh
-if [ ! -x .venv-mongo/bin/secantusd-py ]; then
-  say "installing SecantusDB into .venv-mongo"
-  if ! python3 -m venv .venv-mongo >&2 2>/dev/null; then
-    apt_install python3-venv
-    python3 -m venv .venv-mongo >&2
-  fi
-  .venv-mongo/bin/pip install -q SecantusDB >&2
-fi
+server_bin=$(scripts/install-secantusdb.sh)
 dir=$(mktemp -d /tmp/relaybus-mongodb.XXXXXX)
 port=$(free_port)
 say "starting SecantusDB on 127.0.0.1:$port, data in $dir"
-.venv-mongo/bin/secantusd-py --host 127.0.0.1 --port "$port" --storage-path "$dir" \
+"$server_bin" --host 127.0.0.1 --port "$port" --storage-path "$dir" \
   --oplog-max-entries 20000 >"$dir.log" 2>&1 </dev/null &
 server=$!
 for _ in $(seq 1 60); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.5; done

@@ -148,32 +148,37 @@ pub fn mongosh(script: &str) -> String {
     text
 }
 
-/// The copy of mongosh in `.mongosh/`, installed by the first test that needs it.
-fn installed_mongosh() -> String {
-    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    BIN.get_or_init(|| {
-        let script = format!("{}/scripts/install-mongosh.sh", env!("CARGO_MANIFEST_DIR"));
-        let out = std::process::Command::new(&script)
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("could not run {script}: {e}"));
-        assert!(out.status.success(), "{script} could not install mongosh");
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
-    })
-    .clone()
+/// The path an install script (`scripts/install-mongosh.sh`, `scripts/install-secantusdb.sh`)
+/// prints, after it installed its tool for the first test that needs it.
+fn installed(script: &'static str) -> String {
+    static PATHS: std::sync::Mutex<Vec<(&str, String)>> = std::sync::Mutex::new(Vec::new());
+    let mut paths = PATHS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, path)) = paths.iter().find(|(name, _)| *name == script) {
+        return path.clone();
+    }
+    let path = format!("{}/scripts/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new(&path)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("could not run {path}: {e}"));
+    assert!(out.status.success(), "{path} failed");
+    let bin = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    paths.push((script, bin.clone()));
+    bin
 }
 
 /// Runs a script with `mongosh`: whether it succeeded, and what it printed.
 pub fn try_mongosh(script: &str) -> (bool, String) {
-    let bin = std::env::var("RELAYBUS_TEST_MONGOSH").unwrap_or_else(|_| installed_mongosh());
+    let bin =
+        std::env::var("RELAYBUS_TEST_MONGOSH").unwrap_or_else(|_| installed("install-mongosh.sh"));
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), script).unwrap();
     let out = std::process::Command::new(&bin)
         .args([&mongo_url(), "--quiet", "--file"])
         .arg(file.path())
         .output()
-        .unwrap_or_else(|e| panic!("could not run {bin} (install it with `npm install --prefix .mongosh mongosh@2`): {e}"));
+        .unwrap_or_else(|e| panic!("could not run {bin}: {e}"));
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -183,8 +188,8 @@ pub fn try_mongosh(script: &str) -> (bool, String) {
 }
 
 /// A MongoDB wire server of its own, for tests that need one the shared server is not: a
-/// standalone server, one that requires authentication, or one no other test loads. SecantusDB from `.venv-mongo`
-/// (RELAYBUS_TEST_SECANTUSD names another), on a free port, stopped and removed when dropped.
+/// standalone server, one that requires authentication, or one no other test loads: SecantusDB,
+/// installed into `.venv-mongo` the first time (RELAYBUS_TEST_SECANTUSD names another), on a free port, stopped and removed when dropped.
 pub struct OwnServer {
     pub port: u16,
     child: std::process::Child,
@@ -202,22 +207,22 @@ impl OwnServer {
     }
 
     fn start_in(dir: tempfile::TempDir, port: u16, options: &[&str]) -> Self {
-        let bin = std::env::var("RELAYBUS_TEST_SECANTUSD").unwrap_or_else(|_| {
-            format!(
-                "{}/.venv-mongo/bin/secantusd-py",
-                env!("CARGO_MANIFEST_DIR")
-            )
-        });
+        let bin = std::env::var("RELAYBUS_TEST_SECANTUSD")
+            .unwrap_or_else(|_| installed("install-secantusdb.sh"));
         let child = std::process::Command::new(&bin)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--storage-path"])
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--storage-path",
+            ])
             .arg(dir.path().join("data"))
             .args(options)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
-            .unwrap_or_else(|e| {
-                panic!("could not start {bin} (install it with `python3 -m venv .venv-mongo && .venv-mongo/bin/pip install SecantusDB`): {e}")
-            });
+            .unwrap_or_else(|e| panic!("could not start {bin}: {e}"));
         super::wait_until(
             "the server to listen",
             std::time::Duration::from_secs(30),
