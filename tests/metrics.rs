@@ -175,9 +175,10 @@ fn a_worker_started_during_a_pause_is_ready_and_says_why_nothing_runs() {
     );
     let readyz = format!("http://{addr}/readyz");
     let mut answer = Err(String::new());
-    wait_until("the endpoint", Duration::from_secs(20), || {
+    // Until its first claim returns the worker says it is starting.
+    wait_until("the first claim", Duration::from_secs(20), || {
         answer = probe(&readyz);
-        answer.is_ok()
+        answer.as_ref().is_ok_and(|(_, text)| !text.contains("starting"))
     });
     assert_eq!(
         answer,

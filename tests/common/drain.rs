@@ -165,40 +165,45 @@ pub fn a_killed_worker_s_deliveries_run_beside_a_busy_survivor_within_the_lease(
     for chunk in busy.chunks(5000) {
         publish(chunk);
     }
+    let busy_log = dir.path().join("busy.log");
     let config = dir.path().join("survivor.toml");
     std::fs::write(
         &config,
         format!(
-            "[handlers.h]\nexec = 'cat >/dev/null; sleep 0.2'\n\n[handlers.x]\nexec = 'cat >/dev/null; echo $RELAYBUS_EVENT_ID $RELAYBUS_ATTEMPT >> {}'\n",
+            "[handlers.h]\nexec = 'cat >/dev/null; echo >> {}; sleep 0.2'\n\n[handlers.x]\nexec = 'cat >/dev/null; echo $RELAYBUS_EVENT_ID $RELAYBUS_ATTEMPT >> {}'\n",
+            busy_log.display(),
             log.display()
         ),
     )
     .unwrap();
     let lease = ["--lease-duration", "5s", "--poll-interval", "100ms"];
-    let survivor = worker(&[&["--config", config.to_str().unwrap()][..], &lease].concat());
     let doomed_run = format!(
         "echo $RELAYBUS_EVENT_ID >> {}; exec sleep 600",
         started.display()
     );
-    let doomed = worker(&[&["--handler", "x", "--exec", &doomed_run][..], &lease].concat());
-    let victims: Vec<Value> = ids("x", 128..256)
-        .take(5)
-        .map(|id| json!({"id": id, "type": "t", "handlers": ["x"]}))
-        .collect();
-    // Published once the survivor holds lanes of its own, so that the doomed worker takes the
-    // victims' lanes.
-    std::thread::sleep(Duration::from_secs(2));
-    publish(&victims);
     let lines = |path: &std::path::Path| {
         std::fs::read_to_string(path)
             .unwrap_or_default()
             .lines()
             .count()
     };
+    // The doomed worker alone holds the victims' lanes: the survivor starts once it runs them.
+    let doomed = worker(&[&["--handler", "x", "--exec", &doomed_run][..], &lease].concat());
+    let victims: Vec<Value> = ids("x", 128..256)
+        .take(5)
+        .map(|id| json!({"id": id, "type": "t", "handlers": ["x"]}))
+        .collect();
+    publish(&victims);
     super::wait_until(
         "the doomed worker to run the victims",
         Duration::from_secs(30),
         || lines(&started) == 5,
+    );
+    let survivor = worker(&[&["--config", config.to_str().unwrap()][..], &lease].concat());
+    super::wait_until(
+        "the survivor to be busy with its backlog",
+        Duration::from_secs(30),
+        || lines(&busy_log) >= 10,
     );
     super::signal(&doomed, nix::sys::signal::Signal::SIGKILL);
     let killed = std::time::Instant::now();
