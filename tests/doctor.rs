@@ -180,6 +180,7 @@ fn doctor_on_mongodb_names_drift_and_its_mongosh_fix_repairs_it() {
                 "ok lanes relaybus_lanes",
                 "ok version relaybus_schema",
                 "ok parking relaybus_deliveries",
+                "ok publish relaybus_deliveries",
                 "ok leases lanes"
             ]
             .map(String::from)
@@ -188,6 +189,12 @@ fn doctor_on_mongodb_names_drift_and_its_mongosh_fix_repairs_it() {
         "{}",
         stdout(&out)
     );
+    // Two deliveries of key `k`, in its lane, of events that list them: only parked.
+    let parked = format!(
+        "d.relaybus_events.insertMany([{{_id: 'e1', type: 't', key: 'k', handlers: ['h']}}, {{_id: 'e2', type: 't', key: 'k', handlers: ['h']}}]); \
+         d.relaybus_deliveries.insertMany([{{_id: 'a', eventId: 'e1', handler: 'h', laneId: {lane}, key: 'k', sequence: 1, status: 'pending', lane: 'parked', dueAt: new Date()}}, {{_id: 'b', eventId: 'e2', handler: 'h', laneId: {lane}, key: 'k', sequence: 2, status: 'pending', lane: 'parked', dueAt: new Date()}}])",
+        lane = relaybus::store::lane::lane_of(Some("k"), "")
+    );
     let drifts: [(&str, &str, &str); 7] = [
         ("missing", "d.relaybus_completions.drop()", "FAIL table relaybus_completions"),
         ("redefined", "d.relaybus_deliveries.dropIndex('dead_updated'); d.relaybus_deliveries.createIndex({updatedAt: 1}, {name: 'dead_updated'})", "FAIL index relaybus_deliveries.dead_updated"),
@@ -195,7 +202,7 @@ fn doctor_on_mongodb_names_drift_and_its_mongosh_fix_repairs_it() {
         ("unsound", "d.relaybus_lanes.updateOne({_id: 7}, {$unset: {epoch: ''}}); d.relaybus_lanes.updateOne({_id: 8}, {$set: {inFlight: 'x'}})", "FAIL lanes relaybus_lanes"),
         ("version", "d.relaybus_schema.deleteOne({_id: 'version'})", "FAIL version relaybus_schema"),
         ("retired", "d.relaybus_deliveries.createIndex({status: 1, lane: 1, dueAt: 1}, {name: 'old_claim'})", "FAIL index relaybus_deliveries.old_claim"),
-        ("parked", "d.relaybus_deliveries.insertMany([{_id: 'a', eventId: 'e1', handler: 'h', laneId: 1, key: 'k', sequence: 1, status: 'pending', lane: 'parked', dueAt: new Date()}, {_id: 'b', eventId: 'e2', handler: 'h', laneId: 1, key: 'k', sequence: 2, status: 'pending', lane: 'parked', dueAt: new Date()}])", "FAIL parking relaybus_deliveries"),
+        ("parked", &parked, "FAIL parking relaybus_deliveries"),
     ];
     for (kind, breaks, finding) in drifts {
         let m = TestMongo::installed(&format!("doctor_mongo_{kind}"));

@@ -17,6 +17,7 @@ mod metrics;
 mod mongo;
 mod pgbouncer;
 mod publish;
+mod publish_sql;
 mod rolling;
 mod run;
 mod schema;

@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::common::cluster::free_port;
+use crate::common::http::probe;
 use crate::common::{finish, signal, spawn_worker, stdout, wait_in_flight, wait_until, TestSchema};
 
 /// Status and body of a GET.
@@ -91,19 +92,6 @@ fn a_scrape_counts_what_the_worker_handled_and_readyz_turns_unready_on_shutdown(
     );
 }
 
-/// A GET with a one-second bound on everything, as an orchestrator's probe makes it.
-fn probe(url: &str) -> Result<(u16, String), String> {
-    crate::common::block_on(async {
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(1))
-            .build()
-            .unwrap();
-        let response = client.get(url).send().await.map_err(|e| e.to_string())?;
-        let status = response.status().as_u16();
-        Ok((status, response.text().await.map_err(|e| e.to_string())?))
-    })
-}
-
 /// Idle connections fill every slot of the endpoint, some never sending a byte and some after
 /// a request kept alive: health and readiness still answer within a second, each new
 /// connection closing the oldest.
@@ -178,7 +166,9 @@ fn a_worker_started_during_a_pause_is_ready_and_says_why_nothing_runs() {
     // Until its first claim returns the worker says it is starting.
     wait_until("the first claim", Duration::from_secs(20), || {
         answer = probe(&readyz);
-        answer.as_ref().is_ok_and(|(_, text)| !text.contains("starting"))
+        answer
+            .as_ref()
+            .is_ok_and(|(_, text)| !text.contains("starting"))
     });
     assert_eq!(
         answer,

@@ -25,6 +25,16 @@ pub(crate) fn catalog(s: &TestSchema) -> Vec<String> {
            FROM pg_constraint c JOIN pg_namespace ns ON ns.oid = c.connamespace \
           WHERE ns.nspname = '{n}' ORDER BY conname"
     )));
+    // Functions with their signature, rights (in effect: the default spelled out is the default)
+    // and body (the schema's name in it made neutral).
+    out.extend(s.rows(&format!(
+        "SELECT 'function', p.proname, pg_get_function_identity_arguments(p.oid), \
+                pg_get_function_result(p.oid), p.provolatile, p.prosecdef, \
+                coalesce(array_to_string(p.proconfig, ','), ''), coalesce(p.proacl, acldefault('f', p.proowner))::text, \
+                md5(replace(p.prosrc, '{n}', 'S')) \
+           FROM pg_proc p JOIN pg_namespace ns ON ns.oid = p.pronamespace \
+          WHERE ns.nspname = '{n}' ORDER BY p.proname"
+    )));
     out
 }
 
@@ -785,6 +795,18 @@ fn setup_check_sees_a_redefined_index_and_setup_repairs_it() {
           WHERE status = 'dead';
          ALTER INDEX \"{n}\".relaybus_deliveries_lane_key_idx RENAME TO lane_key;"
     ));
+    incomplete_until_setup(&s);
+    assert_eq!(
+        catalog(&s),
+        catalog(&TestSchema::installed("redefined_ref"))
+    );
+    s.cmd().args(["setup", "--check"]).assert().success();
+}
+
+/// `setup --check` finds the store incomplete (exit 1, saying what to run), and `setup`
+/// completes it.
+fn incomplete_until_setup(s: &TestSchema) {
+    let n = &s.name;
     let out = s.cmd().args(["setup", "--check"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
@@ -794,11 +816,6 @@ fn setup_check_sees_a_redefined_index_and_setup_repairs_it() {
     s.cmd().arg("setup").assert().success().stdout(format!(
         "relaybus schema 0.2 (incomplete) -> 0.2 (schema \"{n}\", prefix \"relaybus_\")\n"
     ));
-    assert_eq!(
-        catalog(&s),
-        catalog(&TestSchema::installed("redefined_ref"))
-    );
-    s.cmd().args(["setup", "--check"]).assert().success();
 }
 
 /// A 0.2 store installed before the handlers table existed is not current: workers and the
@@ -812,7 +829,7 @@ fn a_0_2_store_without_the_handlers_table_is_completed_by_setup() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
         stderr(&out),
-        format!("error: the relaybus schema in schema \"{n}\" with prefix \"relaybus_\" is incomplete (no version row, a table or collection missing, or indexes that differ from 0.2's); run `relaybus setup`\n")
+        format!("error: the relaybus schema in schema \"{n}\" with prefix \"relaybus_\" is incomplete (no version row, a table or collection missing, indexes that differ from 0.2's, or publish functions missing or from another relaybus); run `relaybus setup`\n")
     );
     s.cmd().arg("setup").assert().success().stdout(format!(
         "relaybus schema 0.2 (incomplete) -> 0.2 (schema \"{n}\", prefix \"relaybus_\")\n"
@@ -826,6 +843,41 @@ fn a_0_2_store_without_the_handlers_table_is_completed_by_setup() {
         .assert()
         .success()
         .stdout("no handler has deliveries or controls\n");
+}
+
+/// A 0.2 store whose publish functions are missing, or are another binary's (a body that
+/// differs), is not current: `setup` creates them as this binary writes them, keeping the
+/// grants an operator gave on them.
+#[test]
+fn a_0_2_store_with_missing_or_other_publish_functions_is_completed_by_setup() {
+    let s = TestSchema::installed("publish_functions_drift");
+    let n = &s.name;
+    let role = crate::common::TestRole::new("fn_grantee", &s.url);
+    let role = &role.name;
+    s.exec(&format!(
+        "GRANT EXECUTE ON FUNCTION \"{n}\".relaybus_publish_many(jsonb) TO {role};
+         DROP FUNCTION \"{n}\".relaybus_publish(text, jsonb, text[], text, text, jsonb);
+         CREATE OR REPLACE FUNCTION \"{n}\".relaybus_new_id() RETURNS text LANGUAGE sql
+           AS $$ SELECT 'same-id-every-time' $$;"
+    ));
+    incomplete_until_setup(&s);
+    s.cmd().args(["setup", "--check"]).assert().success();
+    let granted = format!(
+        "SELECT count(*) FROM information_schema.role_routine_grants \
+          WHERE routine_schema = '{n}' AND grantee = '{role}' AND privilege_type = 'EXECUTE'"
+    );
+    assert_eq!(s.count(&granted), 1, "the grant on publish_many is kept");
+    let ids = s.rows(&format!(
+        "SELECT \"{n}\".relaybus_new_id() FROM generate_series(1, 2)"
+    ));
+    assert_ne!(ids[0], ids[1]);
+    s.exec(&format!(
+        "REVOKE ALL ON FUNCTION \"{n}\".relaybus_publish_many(jsonb) FROM {role}"
+    ));
+    assert_eq!(
+        catalog(&s),
+        catalog(&TestSchema::installed("publish_functions_drift_ref"))
+    );
 }
 
 #[test]

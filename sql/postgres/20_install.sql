@@ -126,6 +126,8 @@ CREATE TABLE IF NOT EXISTS "{{schema}}"."{{prefix}}handlers" (
   open_until timestamptz
 );
 
+{{publish_functions}}
+
 INSERT INTO "{{schema}}"."{{prefix}}schema" (version) VALUES ('0.2')
   ON CONFLICT (singleton) DO UPDATE SET version = excluded.version
   WHERE "{{prefix}}schema".version IS DISTINCT FROM excluded.version;

@@ -52,7 +52,7 @@ pub struct PublishArgs {
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u16).range(1..=500))]
     pub batch_size: u16,
     /// Largest payload accepted, in bytes.
-    #[arg(long, default_value_t = 1 << 20)]
+    #[arg(long, default_value_t = crate::store::DEFAULT_MAX_PAYLOAD_BYTES)]
     pub max_payload_bytes: usize,
 }
 

@@ -28,7 +28,7 @@ pub enum Verdict {
 #[derive(Clone, Debug, Serialize)]
 pub struct Check {
     /// What kind of check: `table`, `column`, `index`, `storage`, `lanes`, `version`, `vacuum`,
-    /// `cleanup`, `hot`, `session`, `leases`, `lag`, `dead`, `parking`, `expanded`.
+    /// `cleanup`, `hot`, `session`, `leases`, `lag`, `dead`, `parking`, `expanded`, `publish`.
     pub check: &'static str,
     /// What it looked at: a table, a handler, a setting.
     pub subject: String,

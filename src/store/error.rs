@@ -56,7 +56,7 @@ pub enum StoreError {
         prefix: String,
     },
 
-    #[error("the relaybus schema in {container} \"{schema}\" with prefix \"{prefix}\" is incomplete (no version row, a table or collection missing, or indexes that differ from 0.2's); {}", SchemaStatus::Incomplete.advice())]
+    #[error("the relaybus schema in {container} \"{schema}\" with prefix \"{prefix}\" is incomplete (no version row, a table or collection missing, indexes that differ from 0.2's, or publish functions missing or from another relaybus); {}", SchemaStatus::Incomplete.advice())]
     Incomplete {
         container: &'static str,
         schema: String,

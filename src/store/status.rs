@@ -15,8 +15,9 @@ pub enum SchemaStatus {
     NotInstalled,
     /// A 0.1 store (deliveries still carry `lease_token`).
     V01,
-    /// Tables exist but the version row is missing (an interrupted or hand-applied install), or
-    /// the indexes differ from 0.2's (renamed, redefined or dropped by hand).
+    /// Tables exist but the version row is missing (an interrupted or hand-applied install), the
+    /// indexes differ from 0.2's (renamed, redefined or dropped by hand), or the publish
+    /// functions are missing or another binary's.
     Incomplete,
     Current,
     /// Current, and still taking a 0.1 publisher's writes: an online conversion left it so, for a

@@ -20,6 +20,10 @@ pub type RawJson = Box<serde_json::value::RawValue>;
 /// third of a page.
 pub const MAX_NAME_BYTES: usize = 1024;
 
+/// The largest payload `publish` accepts unless told otherwise (`--max-payload-bytes`), and the
+/// limit of the SQL publish functions: bytes of its compact JSON text.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1 << 20;
+
 fn holds_nul(value: &Value) -> bool {
     match value {
         Value::String(s) => s.contains('\0'),

@@ -108,3 +108,16 @@ pub fn serve_with(respond: impl Fn(usize, Instant) -> Response + Send + Sync + '
     });
     Server { url, requests }
 }
+
+/// A GET with a one-second bound on everything, as an orchestrator's probe makes it.
+pub fn probe(url: &str) -> Result<(u16, String), String> {
+    crate::common::block_on(async {
+        let client = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(1))
+            .build()
+            .unwrap();
+        let response = client.get(url).send().await.map_err(|e| e.to_string())?;
+        let status = response.status().as_u16();
+        Ok((status, response.text().await.map_err(|e| e.to_string())?))
+    })
+}

@@ -56,7 +56,7 @@ pub fn connect() -> Client {
     connect_to(&database_url())
 }
 
-fn connect_to(url: &str) -> Client {
+pub fn connect_to(url: &str) -> Client {
     block_on(async {
         let (client, conn) = tokio_postgres::connect(url, NoTls)
             .await
@@ -108,6 +108,62 @@ impl Drop for TestDatabase {
             self.name
         )));
     }
+}
+
+/// `url` with another user: a role's own connection to the same server and database.
+pub fn url_as(url: &str, user: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a postgres:// URL");
+    let rest = rest.split_once('@').map_or(rest, |(_, host)| host);
+    format!("{scheme}://{user}@{rest}")
+}
+
+/// A login role of its own for one test (the test server trusts local connections), dropped
+/// with what it was granted in the database of `url` when the test ends.
+pub struct TestRole {
+    pub name: String,
+    url: String,
+}
+
+impl TestRole {
+    pub fn new(test: &str, url: &str) -> Self {
+        let name = unique(test);
+        block_on(connect().batch_execute(&format!("CREATE ROLE \"{name}\" LOGIN"))).unwrap();
+        Self {
+            name,
+            url: url.to_owned(),
+        }
+    }
+
+    /// The database of the role's URL, connected to as the role.
+    pub fn url(&self) -> String {
+        url_as(&self.url, &self.name)
+    }
+}
+
+impl Drop for TestRole {
+    fn drop(&mut self) {
+        let name = &self.name;
+        let _ = block_on(async {
+            let (client, conn) = tokio_postgres::connect(&self.url, NoTls).await?;
+            tokio::spawn(conn);
+            client
+                .batch_execute(&format!("DROP OWNED BY \"{name}\"; DROP ROLE \"{name}\""))
+                .await
+        });
+    }
+}
+
+/// Every row of a query as text, columns joined by `|`, NULL spelled out.
+pub fn rows_of(client: &Client, sql: &str) -> Vec<String> {
+    let wrapped = format!(
+        "SELECT array_to_string(ARRAY(SELECT coalesce(value, 'NULL') \
+           FROM json_each_text(row_to_json(q))), '|') FROM ({sql}) q"
+    );
+    block_on(client.query(&wrapped, &[]))
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
 }
 
 /// A schema of its own for one test, dropped when the test ends.
@@ -191,13 +247,9 @@ impl TestSchema {
         block_on(self.client.query(sql, &[])).unwrap_or_else(|e| panic!("{sql}: {e:?}"))
     }
 
-    /// Every row of a query as text, columns joined by `|`, NULL spelled out.
+    /// Every row of a query as text; see `rows_of`.
     pub fn rows(&self, sql: &str) -> Vec<String> {
-        let wrapped = format!(
-            "SELECT array_to_string(ARRAY(SELECT coalesce(value, 'NULL') \
-               FROM json_each_text(row_to_json(q))), '|') FROM ({sql}) q"
-        );
-        self.query(&wrapped).iter().map(|r| r.get(0)).collect()
+        rows_of(&self.client, sql)
     }
 
     pub fn count(&self, sql: &str) -> i64 {
@@ -357,6 +409,26 @@ pub fn spawn_worker(s: &TestSchema, args: &[&str]) -> Spawned {
         .spawn()
         .unwrap()
         .into()
+}
+
+/// The path an install script (`scripts/install-*.sh`)
+/// prints, after it installed what it installs for the first test that needs it.
+pub fn installed(script: &'static str) -> String {
+    static PATHS: std::sync::Mutex<Vec<(&str, String)>> = std::sync::Mutex::new(Vec::new());
+    let mut paths = PATHS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, path)) = paths.iter().find(|(name, _)| *name == script) {
+        return path.clone();
+    }
+    let path = format!("{}/scripts/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new(&path)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("could not run {path}: {e}"));
+    assert!(out.status.success(), "{path} failed");
+    let bin = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    paths.push((script, bin.clone()));
+    bin
 }
 
 pub fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {

@@ -5,7 +5,7 @@ use assert_cmd::Command;
 use mongodb::bson::{doc, Bson, Document};
 use relaybus::store::{AnyStore, Namespace, StoreOptions};
 
-use super::{relaybus, unique};
+use super::{installed, relaybus, unique};
 
 pub fn mongo_url() -> String {
     super::test_servers::mongodb_url()
@@ -146,26 +146,6 @@ pub fn mongosh(script: &str) -> String {
     let (ok, text) = try_mongosh(script);
     assert!(ok, "mongosh failed:\n{script}\n{text}");
     text
-}
-
-/// The path an install script (`scripts/install-mongosh.sh`, `scripts/install-secantusdb.sh`)
-/// prints, after it installed its tool for the first test that needs it.
-fn installed(script: &'static str) -> String {
-    static PATHS: std::sync::Mutex<Vec<(&str, String)>> = std::sync::Mutex::new(Vec::new());
-    let mut paths = PATHS.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, path)) = paths.iter().find(|(name, _)| *name == script) {
-        return path.clone();
-    }
-    let path = format!("{}/scripts/{script}", env!("CARGO_MANIFEST_DIR"));
-    let out = std::process::Command::new(&path)
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("could not run {path}: {e}"));
-    assert!(out.status.success(), "{path} failed");
-    let bin = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    paths.push((script, bin.clone()));
-    bin
 }
 
 /// Runs a script with `mongosh`: whether it succeeded, and what it printed.

@@ -1,7 +1,10 @@
 //! `doctor` on MongoDB: the collections, the indexes (by definition), the 256 lane documents
 //! and the version document against what this version installs, each finding with the
-//! `mongosh` statements that repair it; and parked deliveries left at the head of their key,
-//! which no claim would ever see.
+//! `mongosh` statements that repair it; parked deliveries left at the head of their key, which
+//! no claim would ever see; and the mistakes of an application that writes events and
+//! deliveries itself (README: "Publishing to MongoDB from an application").
+
+use std::collections::{BTreeMap, HashMap};
 
 use mongodb::bson::{doc, Bson, Document};
 
@@ -10,8 +13,9 @@ use super::schema::{
     collection_js, drift, index_name, indexes, js, matches, retired, same_keys, IndexSpec,
     COLLECTIONS, VERSION_ID,
 };
-use super::{MongoStore, DELIVERIES, LANES, PARKED, SCHEMA};
+use super::{MongoStore, DELIVERIES, EVENTS, LANES, PARKED, SCHEMA};
 use crate::store::doctor::Check;
+use crate::store::lane::lane_of;
 use crate::store::{Doctor, Result, SCHEMA_VERSION};
 
 impl MongoStore {
@@ -245,6 +249,203 @@ impl MongoStore {
     }
 }
 
+/// What a hand-written publisher got wrong in the deliveries: each kind of mistake with the ids
+/// of the deliveries (or events) that make it.
+#[derive(Default)]
+struct Mistakes {
+    /// By the lane they belong in: a `laneId` that is not an integer, or another lane's.
+    misplaced: BTreeMap<i32, Vec<Bson>>,
+    /// Keyed, without an integer `sequence`: their key's order is not known.
+    unsequenced: Vec<Bson>,
+    /// Of an event that does not exist (or no `eventId` at all).
+    orphaned: Vec<Bson>,
+    /// By event: handlers with a delivery that the event's `handlers` do not list, so a
+    /// republish would run them again.
+    unlisted: BTreeMap<String, Vec<String>>,
+}
+
+impl MongoStore {
+    /// Reads the identifying fields of every delivery (the backlog, not the history: a
+    /// completed delivery is deleted) and the handlers of their events.
+    async fn mistakes(&self) -> Result<Mistakes> {
+        let failed = self
+            .conn
+            .error("could not read the deliveries and their events");
+        let cursor = self
+            .coll(DELIVERIES)
+            .await?
+            .find(doc! {})
+            .projection(doc! { "eventId": 1, "handler": 1, "key": 1, "laneId": 1, "sequence": 1 })
+            .await
+            .map_err(&failed)?;
+        let mut m = Mistakes::default();
+        let mut by_event: HashMap<String, Vec<(Bson, String)>> = HashMap::new();
+        for d in all::<Document>(cursor).await.map_err(&failed)? {
+            let id = d.get("_id").cloned().unwrap_or(Bson::Null);
+            let key = d.get_str("key").ok();
+            if key.is_some() && !matches!(d.get("sequence"), Some(Bson::Int32(_) | Bson::Int64(_)))
+            {
+                m.unsequenced.push(id.clone());
+            }
+            let Ok(event) = d.get_str("eventId") else {
+                m.orphaned.push(id);
+                continue;
+            };
+            let lane = i32::from(lane_of(key, event));
+            // Without a `laneId` at all a delivery is a 0.1 document: the store reads as 0.1
+            // (or, expanded, its workers adopt it).
+            let stored = match d.get("laneId") {
+                None => Some(i64::from(lane)),
+                Some(Bson::Int32(l)) => Some(i64::from(*l)),
+                Some(Bson::Int64(l)) => Some(*l),
+                Some(_) => None,
+            };
+            if stored != Some(i64::from(lane)) {
+                m.misplaced.entry(lane).or_default().push(id.clone());
+            }
+            let handler = d.get_str("handler").unwrap_or_default().to_owned();
+            by_event
+                .entry(event.to_owned())
+                .or_default()
+                .push((id, handler));
+        }
+        let ids: Vec<&String> = by_event.keys().collect();
+        let events = self.coll(EVENTS).await?;
+        let mut handlers: HashMap<String, Vec<String>> = HashMap::new();
+        for chunk in ids.chunks(1000) {
+            let cursor = events
+                .find(doc! { "_id": { "$in": chunk } })
+                .projection(doc! { "handlers": 1 })
+                .await
+                .map_err(&failed)?;
+            for e in all::<Document>(cursor).await.map_err(&failed)? {
+                let listed = e.get_array("handlers").map_or(vec![], |a| {
+                    a.iter()
+                        .filter_map(|h| h.as_str().map(str::to_owned))
+                        .collect()
+                });
+                if let Ok(id) = e.get_str("_id") {
+                    handlers.insert(id.to_owned(), listed);
+                }
+            }
+        }
+        for (event, deliveries) in by_event {
+            let Some(listed) = handlers.get(&event) else {
+                m.orphaned.extend(deliveries.into_iter().map(|(id, _)| id));
+                continue;
+            };
+            let mut missing: Vec<String> = deliveries
+                .into_iter()
+                .map(|(_, h)| h)
+                .filter(|h| !listed.contains(h))
+                .collect();
+            if !missing.is_empty() {
+                missing.sort();
+                missing.dedup();
+                m.unlisted.insert(event, missing);
+            }
+        }
+        m.orphaned.sort_by_key(ToString::to_string);
+        m.unsequenced.sort_by_key(ToString::to_string);
+        Ok(m)
+    }
+
+    /// The rules every delivery keeps when `relaybus publish` writes it, which an application
+    /// writing its own must keep too: one check, failing with what breaks them and the fix.
+    async fn publisher_check(&self) -> Result<Check> {
+        let m = self.mistakes().await?;
+        let subject = self.name(DELIVERIES);
+        let deliveries = collection_js(&self.ns, DELIVERIES);
+        let (mut found, mut fix) = (vec![], String::new());
+        let mut misplaced: Vec<&Bson> = m.misplaced.values().flatten().collect();
+        misplaced.sort_by_key(|id| id.to_string());
+        if !misplaced.is_empty() {
+            found.push(format!(
+                "{} not in the lane of their key or event id (`laneId` not an integer, or \
+                 another lane), so never claimed or out of their key's order: {}",
+                counted(misplaced.len(), "delivery", "deliveries"),
+                some(&misplaced)
+            ));
+            for (lane, ids) in &m.misplaced {
+                fix.push_str(&format!(
+                    "{deliveries}.updateMany({{ _id: {{ $in: {} }} }}, {{ $set: {{ laneId: {lane} }} }});\n",
+                    Bson::Array(ids.clone()).into_relaxed_extjson()
+                ));
+            }
+        }
+        if !m.unsequenced.is_empty() {
+            found.push(format!(
+                "{} with a key and no integer `sequence`, out of their key's order: {}",
+                counted(m.unsequenced.len(), "delivery", "deliveries"),
+                some(&m.unsequenced.iter().collect::<Vec<_>>())
+            ));
+        }
+        if !m.orphaned.is_empty() {
+            found.push(format!(
+                "{} of events that do not exist, which fail every attempt: {}",
+                counted(m.orphaned.len(), "delivery", "deliveries"),
+                some(&m.orphaned.iter().collect::<Vec<_>>())
+            ));
+            fix.push_str(&format!(
+                "{deliveries}.deleteMany({{ _id: {{ $in: {} }} }});\n",
+                Bson::Array(m.orphaned.clone()).into_relaxed_extjson()
+            ));
+        }
+        if !m.unlisted.is_empty() {
+            let events: Vec<Bson> = m.unlisted.keys().map(|e| Bson::String(e.clone())).collect();
+            found.push(format!(
+                "{} without the handlers of their deliveries in `handlers`, which a \
+                 republish would run again: {}",
+                counted(m.unlisted.len(), "event", "events"),
+                some(&events.iter().collect::<Vec<_>>())
+            ));
+            let coll = collection_js(&self.ns, EVENTS);
+            for (event, handlers) in &m.unlisted {
+                fix.push_str(&format!(
+                    "{coll}.updateOne({{ _id: {} }}, {{ $addToSet: {{ handlers: {{ $each: {} }} }} }});\n",
+                    quoted(event),
+                    serde_json::to_string(handlers).expect("strings serialise")
+                ));
+            }
+        }
+        if found.is_empty() {
+            return Ok(Check::ok(
+                "publish",
+                subject,
+                "every delivery in its lane, with its event and a sequence where keyed",
+            ));
+        }
+        let check = Check::fail(
+            "publish",
+            subject,
+            found.join("; "),
+            "fix the application that writes them (README: Publishing to MongoDB from an \
+             application); the fix moves, deletes and lists them, with no worker running",
+        );
+        Ok(if fix.is_empty() {
+            check
+        } else {
+            check.with_fix(fix)
+        })
+    }
+}
+
+fn counted(n: usize, one: &str, many: &str) -> String {
+    match n {
+        1 => format!("1 {one}"),
+        n => format!("{n} {many}"),
+    }
+}
+
+/// The first ids of a list, quoted, and how many more.
+fn some(ids: &[&Bson]) -> String {
+    let shown: Vec<String> = ids.iter().take(3).map(|id| id.to_string()).collect();
+    match ids.len() {
+        n if n > 3 => format!("{}, and {} more", shown.join(", "), n - 3),
+        _ => shown.join(", "),
+    }
+}
+
 fn create_index(coll: &str, spec: &IndexSpec) -> String {
     format!(
         "{coll}.createIndex({}, {});\n",
@@ -271,6 +472,9 @@ impl Doctor for MongoStore {
         }
         if has(DELIVERIES) {
             checks.push(self.stranded().await?);
+            if has(EVENTS) {
+                checks.push(self.publisher_check().await?);
+            }
         }
         Ok(checks)
     }

@@ -36,13 +36,18 @@ const FRAGMENTS: [(&str, &str); 2] = [
     ),
 ];
 
+/// A statement's text with the fragments it names spliced in.
+pub(crate) fn with_fragments(source: &str) -> String {
+    FRAGMENTS
+        .iter()
+        .fold(source.to_owned(), |s, (placeholder, fragment)| {
+            s.replace(placeholder, fragment.trim_end())
+        })
+}
+
 impl Sql {
     fn render(ns: &Namespace, name: &'static str, source: &str) -> Sql {
-        let source = FRAGMENTS
-            .iter()
-            .fold(source.to_owned(), |s, (placeholder, fragment)| {
-                s.replace(placeholder, fragment.trim_end())
-            });
+        let source = with_fragments(source);
         let declared = source
             .lines()
             .find_map(|l| l.strip_prefix("-- params:"))

@@ -8,7 +8,9 @@ use super::super::conn::db;
 use super::super::PgStore;
 use super::locks::setup_lock_key;
 use super::online::{online_locks, online_steps};
-use super::render::{conversion_steps, names_after, render, script, INSTALL, PRELUDE};
+use super::render::{
+    conversion_steps, function_bodies, names_after, render, script, INSTALL, PRELUDE,
+};
 use std::time::Duration;
 
 use crate::store::{
@@ -52,6 +54,10 @@ impl PgStore {
             bool,
             bool,
         ) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+        let functions: Vec<String> = row.get(5);
+        let has_functions = function_bodies(&self.ns)
+            .iter()
+            .all(|(name, body)| functions.contains(&format!("{name}\n{body}")));
         if is_01 {
             return Ok(SchemaStatus::V01);
         }
@@ -66,7 +72,9 @@ impl PgStore {
         };
         Ok(match version.as_deref() {
             Some(SCHEMA_VERSION)
-                if !has_handlers || !self.index_drift(client).await?.is_exact() =>
+                if !has_handlers
+                    || !has_functions
+                    || !self.index_drift(client).await?.is_exact() =>
             {
                 SchemaStatus::Incomplete
             }

@@ -1,8 +1,10 @@
 //! The schema scripts of `sql/postgres/`, rendered for a namespace without a connection: the
 //! install, and the 0.1 -> 0.2 conversion split into the steps `upgrade` runs and reports.
 
+use super::super::sql::with_fragments;
+use super::super::wake::channel;
 use super::locks::setup_lock_key;
-use crate::store::{Namespace, Script, SCHEMA_VERSION};
+use crate::store::{Namespace, Script, DEFAULT_MAX_PAYLOAD_BYTES, MAX_NAME_BYTES, SCHEMA_VERSION};
 
 pub(super) const PRELUDE: &str = include_str!("../../../../sql/postgres/00_prelude.sql");
 pub(super) const CONVERT_0_1: &str = include_str!("../../../../sql/postgres/10_convert_0_1.sql");
@@ -11,16 +13,49 @@ const GRANTS: &str = include_str!("../../../../sql/postgres/grants.sql");
 const INDEX_DRIFT: &str = include_str!("../../../../sql/postgres/schema/index_drift.sql");
 
 const ONLINE_CLEANUP: &str = include_str!("../../../../sql/postgres/online/cleanup.sql");
+const PUBLISH_FUNCTIONS: &str = include_str!("../../../../sql/postgres/30_publish.sql");
+const PUBLISH: &str = include_str!("../../../../sql/postgres/delivery/publish.sql");
 
 /// A schema script for a namespace, with the index drift query spliced in where the conversion
-/// and the install loop over what it finds, and the online conversion's cleanup where both
-/// conversions end.
+/// and the install loop over what it finds, the online conversion's cleanup where both
+/// conversions end, and the publish functions where the install creates them.
 pub(super) fn render(ns: &Namespace, source: &str) -> String {
     ns.render(
         &source
             .replace("{{index_drift}}", INDEX_DRIFT.trim_end())
-            .replace("{{online_cleanup}}", ONLINE_CLEANUP.trim_end()),
+            .replace("{{online_cleanup}}", ONLINE_CLEANUP.trim_end())
+            .replace("{{publish_functions}}", &publish_functions(ns)),
     )
+}
+
+/// The functions an application publishes with: the command's own publish statement inside,
+/// and the limits and wake-up channel the command applies.
+fn publish_functions(ns: &Namespace) -> String {
+    PUBLISH_FUNCTIONS
+        .trim_end()
+        .replace("{{publish}}", with_fragments(PUBLISH).trim_end())
+        .replace("{{channel}}", &channel(ns))
+        .replace("{{max_name_bytes}}", &MAX_NAME_BYTES.to_string())
+        .replace(
+            "{{max_payload_bytes}}",
+            &DEFAULT_MAX_PAYLOAD_BYTES.to_string(),
+        )
+}
+
+/// The functions the install creates, by name (without the prefix), each with its body as the
+/// catalog keeps it (`pg_proc.prosrc`): a store whose functions differ is not current.
+pub(in crate::store::postgres) fn function_bodies(ns: &Namespace) -> Vec<(String, String)> {
+    let script = ns.render(&publish_functions(ns));
+    let head = format!("CREATE OR REPLACE FUNCTION {}", ns.table(""));
+    script
+        .split(&head[..head.len() - 1])
+        .skip(1)
+        .filter_map(|definition| {
+            let name = definition.split('"').next()?;
+            let body = definition.split("$fn$").nth(1)?;
+            Some((name.to_owned(), body.to_owned()))
+        })
+        .collect()
 }
 
 fn header(ns: &Namespace, what: &str) -> String {
