@@ -412,8 +412,8 @@ fn a_concurrent_publish_of_the_same_new_id_fails_with_a_unique_violation_then_re
 }
 
 /// A role with only the grants the README gives publishes through the functions and can do
-/// nothing else to the store: no insert, no call of the statement the functions wrap. A role
-/// without the grants cannot publish.
+/// nothing else to the store: no insert, no read, no update. A role without the grants cannot
+/// publish.
 #[test]
 fn a_role_with_the_readme_s_grants_publishes_and_nothing_more() {
     let db = TestDatabase::new("publish_sql_grants");
@@ -458,11 +458,7 @@ fn a_role_with_the_readme_s_grants_publishes_and_nothing_more() {
         insufficient
     );
     assert_eq!(
-        denied(
-            &as_app,
-            "SELECT relaybus_publish_batch('{x}', '{t}', '{NULL}', '{null}', '{\"{}\"}', '{x}', \
-             '{h}', '{d}', '{0}', '{NULL}', '{1}', '{1}')"
-        ),
+        denied(&as_app, "UPDATE relaybus_lanes SET epoch = epoch + 1"),
         insufficient
     );
     let as_other = connect_to(&other.url());

@@ -1,8 +1,10 @@
 -- Publishing from an application's own transaction: `{{prefix}}publish` for one event and
 -- `{{prefix}}publish_many` for many, with the semantics of `relaybus publish`. Both run the
--- command's own statement (delivery/publish.sql, as `{{prefix}}publish_batch`), so the rows they
--- write are the command's; they add what the command does in the binary: validation, generated
--- ids, lanes, and the wake-up, sent here at the commit of the caller's transaction.
+-- command's own statement (delivery/publish.sql, its parameters the variables that hold them),
+-- so the rows they write are the command's; they add what the command does in the binary:
+-- validation, generated ids, lanes, and the wake-up, sent here at the commit of the caller's
+-- transaction. Their statements are planned once per session, as the command's are, and
+-- without sequential scans, so a plan made on an empty store stays right for a full one.
 
 -- A time-ordered id, as the binary generates them: a UUIDv7 (48 bits of milliseconds since the
 -- epoch, the version 7, 74 random bits and the variant) written as a ULID, 26 characters of
@@ -45,22 +47,6 @@ SELECT octet_length(value::text) - coalesce(sum(CASE jsonb_typeof(item)
   FROM jsonb_path_query(value, 'strict $.**') AS item
 $fn$;
 
--- The command's publish statement, for the functions below only (it trusts the lanes and ids
--- it is given): one row, the events published before, the deliveries added to them and the
--- events whose republish conflicts with what is stored.
-CREATE OR REPLACE FUNCTION "{{schema}}"."{{prefix}}publish_batch"(
-  text[], text[], text[], jsonb[], jsonb[], text[], text[], text[], int2[], text[], int4[], int4[])
-RETURNS TABLE (republished_ids text[], added_ids text[], conflicting_ids text[])
-LANGUAGE plpgsql AS $fn$
-BEGIN
-RETURN QUERY
-{{publish}};
-END
-$fn$;
-REVOKE ALL ON FUNCTION "{{schema}}"."{{prefix}}publish_batch"(
-  text[], text[], text[], jsonb[], jsonb[], text[], text[], text[], int2[], text[], int4[], int4[])
-  FROM PUBLIC;
-
 -- Publishes the events of a JSON array, each an object as `relaybus publish` reads them from
 -- standard input: {"id", "type", "key", "payload", "headers", "handlers"}, with `handlers`
 -- required. One row per event, in the order given: its id (generated when absent) and the
@@ -69,13 +55,16 @@ REVOKE ALL ON FUNCTION "{{schema}}"."{{prefix}}publish_batch"(
 -- either writes nothing. Runs as the schema's owner, so an application needs only EXECUTE.
 CREATE OR REPLACE FUNCTION "{{schema}}"."{{prefix}}publish_many"(events jsonb)
 RETURNS TABLE (event_id text, deliveries int)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off SET jit = off AS $fn$
+#variable_conflict use_column
 DECLARE
   fault record;
   ids text[]; types text[]; keys text[]; payloads jsonb[]; headers jsonb[];
   firsts int4[]; lasts int4[];
   d_events text[]; d_handlers text[]; d_ids text[]; d_lanes int2[]; d_keys text[];
-  outcome record;
+  republished text[]; added text[]; conflicting text[];
 BEGIN
   IF jsonb_typeof(events) IS DISTINCT FROM 'array' THEN
     RAISE EXCEPTION 'relaybus: `events` must be a JSON array of events' USING ERRCODE = '22023';
@@ -171,21 +160,21 @@ BEGIN
     INTO ids, types, keys, payloads, headers, firsts, lasts,
          d_events, d_handlers, d_ids, d_lanes, d_keys
     FROM rows r;
-  SELECT * INTO outcome FROM "{{schema}}"."{{prefix}}publish_batch"(
-    ids, types, keys, payloads, headers, d_events, d_handlers, d_ids, d_lanes, d_keys, firsts, lasts);
-  IF outcome.conflicting_ids IS NOT NULL THEN
+  {{publish}}
+    INTO republished, added, conflicting;
+  IF conflicting IS NOT NULL THEN
     RAISE EXCEPTION 'relaybus: event `%` was published before with another type, key, payload or headers (publish it again only with the same content, to add handlers; or use a new id); nothing was published',
-      outcome.conflicting_ids[1] USING ERRCODE = '23RB1';
+      conflicting[1] USING ERRCODE = '23RB1';
   END IF;
   RETURN QUERY
     SELECT d.event_id, count(*) FILTER (
-             WHERE NOT d.event_id = ANY (coalesce(outcome.republished_ids, '{}'))
-                OR d.delivery_id = ANY (coalesce(outcome.added_ids, '{}')))::int
+             WHERE NOT d.event_id = ANY (coalesce(republished, '{}'))
+                OR d.delivery_id = ANY (coalesce(added, '{}')))::int
       FROM unnest(d_events, d_ids) WITH ORDINALITY AS d(event_id, delivery_id, pos)
      GROUP BY d.event_id ORDER BY min(d.pos);
   -- A new event (one or more deliveries) or a handler added: workers are woken at commit, once
   -- per transaction however many calls it makes.
-  IF outcome.added_ids IS NOT NULL OR NOT ids <@ coalesce(outcome.republished_ids, '{}') THEN
+  IF added IS NOT NULL OR NOT ids <@ coalesce(republished, '{}') THEN
     PERFORM pg_notify('{{channel}}', '');
   END IF;
 END

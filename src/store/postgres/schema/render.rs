@@ -33,13 +33,47 @@ pub(super) fn render(ns: &Namespace, source: &str) -> String {
 fn publish_functions(ns: &Namespace) -> String {
     PUBLISH_FUNCTIONS
         .trim_end()
-        .replace("{{publish}}", with_fragments(PUBLISH).trim_end())
+        .replace("{{publish}}", &publish_statement())
         .replace("{{channel}}", &channel(ns))
         .replace("{{max_name_bytes}}", &MAX_NAME_BYTES.to_string())
         .replace(
             "{{max_payload_bytes}}",
             &DEFAULT_MAX_PAYLOAD_BYTES.to_string(),
         )
+}
+
+/// The command's publish statement without its leading comment, its parameters ($1..$12)
+/// spelled as the variables of `publish_many` that hold them.
+fn publish_statement() -> String {
+    const PARAMETERS: [&str; 12] = [
+        "ids",
+        "types",
+        "keys",
+        "payloads",
+        "headers",
+        "d_events",
+        "d_handlers",
+        "d_ids",
+        "d_lanes",
+        "d_keys",
+        "firsts",
+        "lasts",
+    ];
+    let statement: Vec<&str> = PUBLISH
+        .lines()
+        .skip_while(|line| line.starts_with("--"))
+        .collect();
+    let statement = with_fragments(&statement.join("\n"));
+    // From $12 down, so that $1 does not take the start of $10.
+    PARAMETERS
+        .iter()
+        .enumerate()
+        .rev()
+        .fold(statement, |sql, (i, name)| {
+            sql.replace(&format!("${}", i + 1), name)
+        })
+        .trim_end()
+        .to_owned()
 }
 
 /// The functions the install creates, by name (without the prefix), each with its body as the
