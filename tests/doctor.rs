@@ -22,7 +22,7 @@ fn doctor(s: &TestSchema, args: &[&str]) -> Output {
     s.cmd().arg("doctor").args(args).output().unwrap()
 }
 
-const HEALTHY: [&str; 10] = [
+const HEALTHY: [&str; 11] = [
     "ok table tables",
     "ok index indexes",
     "ok lanes relaybus_lanes",
@@ -32,6 +32,7 @@ const HEALTHY: [&str; 10] = [
     "ok hot relaybus_lanes",
     "ok cleanup cluster",
     "ok session postgres",
+    "ok replication cluster",
     "ok leases lanes",
 ];
 
@@ -45,11 +46,11 @@ fn a_healthy_store_passes_every_check() {
         "{}",
         stdout(&out)
     );
-    assert!(stdout(&out).ends_with("10 checks: 10 ok, 0 warnings, 0 failures\n"));
+    assert!(stdout(&out).ends_with("11 checks: 11 ok, 0 warnings, 0 failures\n"));
     let json: serde_json::Value = serde_json::from_slice(&doctor(&s, &["--json"]).stdout).unwrap();
     assert_eq!(
         (json["ok"].as_u64(), json["failures"].as_u64()),
-        (Some(10), Some(0))
+        (Some(11), Some(0))
     );
     assert_eq!(json["checks"][0]["verdict"], "ok");
     assert_eq!(json["checks"][0]["fix"], serde_json::Value::Null);

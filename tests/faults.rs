@@ -921,3 +921,211 @@ fn frozen_worker_run(run: usize) {
         "run {run}: every delivery completed"
     );
 }
+
+/// The primary crashes mid-drain and its synchronous standby is promoted (`doctor` has said it
+/// is one): see `failover_under_a_running_worker`.
+#[test]
+fn a_worker_and_a_publisher_follow_a_promoted_standby() {
+    failover_under_a_running_worker(&|primary| primary.kill());
+}
+
+/// The primary turns read-only mid-drain (`default_transaction_read_only`, its sessions
+/// terminated) and the standby is promoted: the worker moves to the writable host.
+#[test]
+fn a_worker_moves_from_a_read_only_primary_to_the_promoted_standby() {
+    failover_under_a_running_worker(&|primary| {
+        let client = connect(&primary.url());
+        for sql in [
+            "ALTER SYSTEM SET default_transaction_read_only = on",
+            "SELECT pg_reload_conf()",
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+              WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+        ] {
+            crate::common::block_on(client.batch_execute(sql)).unwrap();
+        }
+    });
+}
+
+/// A primary and its synchronous standby; a worker and the publisher are given both hosts with
+/// `target_session_attrs=read-write`. Mid-drain of 300 keyed events the primary is fenced off
+/// (`fence`) and the standby promoted; 100 more events are published through the same URL.
+/// The worker follows by itself and never exits: every event is handled, each run of a handler
+/// is an attempt the worker counted (attempts 1..n, n runs), each key's events in publish
+/// order, and the first event published after the promotion is handled within
+/// `connect_timeout` (2 s) and 5 s.
+fn failover_under_a_running_worker(fence: &dyn Fn(&TestCluster)) {
+    let primary = TestCluster::start();
+    let standby = primary.standby();
+    let on_primary = connect(&primary.url());
+    // After the base backup, so that the promoted standby does not wait for a standby itself.
+    for sql in [
+        "ALTER SYSTEM SET synchronous_standby_names = '*'",
+        "SELECT pg_reload_conf()",
+    ] {
+        crate::common::block_on(on_primary.batch_execute(sql)).unwrap();
+    }
+    wait_until(
+        "the standby to be synchronous",
+        Duration::from_secs(20),
+        || {
+            count(
+                &primary,
+                "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
+            ) == 1
+        },
+    );
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?sslmode=disable&connect_timeout=2&target_session_attrs=read-write",
+        primary.port, standby.port
+    );
+    let relaybus = || {
+        let mut cmd = StdCommand::new(assert_cmd::cargo::cargo_bin("relaybus"));
+        cmd.env("RELAYBUS_DATABASE_URL", &url);
+        cmd
+    };
+    let events = |range: std::ops::Range<usize>| -> String {
+        let lines: Vec<String> = range
+            .map(|i| {
+                serde_json::json!({"id": format!("e{i:03}"), "type": "t", "key": format!("k{}", i % 10), "handlers": ["h"]})
+                    .to_string()
+            })
+            .collect();
+        lines.join("\n")
+    };
+    run_ok(relaybus().arg("setup"), "");
+    let (code, verdict, found) = replication_check(&url);
+    assert_eq!((code, verdict.as_str()), (0, "ok"));
+    assert!(
+        found.starts_with("1 standby: walreceiver streaming sync, replay lag ")
+            && found.ends_with(
+                "; synchronous_commit = on; a promoted synchronous standby has every commit"
+            ),
+        "{found}"
+    );
+    assert_eq!(
+        replication_check(&standby.url()),
+        (
+            1,
+            "fail".to_owned(),
+            "this server is a standby: it refuses every write relaybus makes, and doctor's \
+             comparison with a scratch install"
+                .to_owned()
+        )
+    );
+    // The standby named first is passed over for a host that takes writes.
+    let standby_first = format!(
+        "postgres://postgres@127.0.0.1:{},127.0.0.1:{}/postgres?sslmode=disable&target_session_attrs=read-write",
+        standby.port, primary.port
+    );
+    run_ok(
+        StdCommand::new(assert_cmd::cargo::cargo_bin("relaybus"))
+            .env("RELAYBUS_DATABASE_URL", &standby_first)
+            .args(["setup", "--check"]),
+        "",
+    );
+    run_ok(relaybus().arg("publish"), &events(0..300));
+    let log = primary.path().join("handled");
+    let lines = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(String::from)
+            .collect::<Vec<_>>()
+    };
+    let command = format!(
+        "cat >/dev/null; sleep 0.05; echo \"$RELAYBUS_KEY $RELAYBUS_EVENT_ID $RELAYBUS_ATTEMPT\" >> {}",
+        log.display()
+    );
+    let mut w: Spawned = relaybus()
+        .args(["run", "--handler", "h", "--exec", &command])
+        .args(["--poll-interval", "100ms", "--lease-duration", "5s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+        .into();
+    wait_until("100 handled", Duration::from_secs(30), || {
+        lines().len() >= 100
+    });
+    fence(&primary);
+    standby.promote();
+    let promoted = std::time::Instant::now();
+    run_ok(relaybus().arg("publish"), &events(300..400));
+    let handled_after = || lines().iter().any(|l| l.split(' ').nth(1) >= Some("e300"));
+    wait_until(
+        "an event published after the promotion handled",
+        Duration::from_secs(30),
+        handled_after,
+    );
+    let resumed = promoted.elapsed();
+    let distinct = || {
+        let mut ids: Vec<String> = lines()
+            .iter()
+            .map(|l| l.split(' ').nth(1).unwrap().to_owned())
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids.len()
+    };
+    wait_until("all 400 handled", Duration::from_secs(60), || {
+        distinct() == 400
+    });
+    assert!(w.try_wait().unwrap().is_none(), "the worker exited");
+    signal(&w, Signal::SIGTERM);
+    let out = finish(w, Duration::from_secs(30));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let handled = lines();
+    let mut runs: std::collections::BTreeMap<&str, Vec<u32>> = Default::default();
+    for line in &handled {
+        let fields: Vec<&str> = line.split(' ').collect();
+        runs.entry(fields[1])
+            .or_default()
+            .push(fields[2].parse().unwrap());
+    }
+    assert_eq!(runs.len(), 400);
+    for (id, attempts) in &runs {
+        let counted: Vec<u32> = (1..=attempts.len() as u32).collect();
+        assert_eq!(attempts, &counted, "{id}: every run an attempt counted");
+    }
+    for key in 0..10 {
+        let firsts: Vec<&str> = handled
+            .iter()
+            .filter(|l| l.starts_with(&format!("k{key} ")) && l.ends_with(" 1"))
+            .map(|l| l.split(' ').nth(1).unwrap())
+            .collect();
+        let mut sorted = firsts.clone();
+        sorted.sort();
+        assert_eq!(firsts, sorted, "key k{key} in publish order");
+    }
+    assert!(
+        resumed < Duration::from_secs(7),
+        "handled {resumed:?} after the promotion"
+    );
+    eprintln!(
+        "{} runs of 400 events; the first event published after the promotion handled {resumed:?} after it",
+        handled.len()
+    );
+}
+
+/// `doctor --json` at `url`: its exit code, and the verdict and findings of its replication
+/// check.
+fn replication_check(url: &str) -> (i32, String, String) {
+    let out = StdCommand::new(assert_cmd::cargo::cargo_bin("relaybus"))
+        .env("RELAYBUS_DATABASE_URL", url)
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let report: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr(&out)));
+    let check = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["check"] == "replication")
+        .unwrap_or_else(|| panic!("no replication check: {report}"));
+    (
+        out.status.code().unwrap(),
+        check["verdict"].as_str().unwrap().to_owned(),
+        check["found"].as_str().unwrap().to_owned(),
+    )
+}

@@ -526,10 +526,8 @@ fn passwords_and_webhook_secrets_never_reach_the_output() {
     );
 }
 
-/// A server that accepts a connection and never answers (a half-open firewall, the wrong
-/// service on the port) fails the command within the start-up bound, naming it.
-#[test]
-fn a_server_that_never_answers_fails_within_the_connect_timeout() {
+/// A port on 127.0.0.1 where a connection is accepted and never answered, for 10 s.
+fn silent_server() -> (u16, std::thread::JoinHandle<()>) {
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = silent.local_addr().unwrap().port();
     let held = std::thread::spawn(move || {
@@ -537,6 +535,14 @@ fn a_server_that_never_answers_fails_within_the_connect_timeout() {
         std::thread::sleep(Duration::from_secs(10));
         drop(accepted);
     });
+    (port, held)
+}
+
+/// A server that accepts a connection and never answers (a half-open firewall, the wrong
+/// service on the port) fails the command within the start-up bound, naming it.
+#[test]
+fn a_server_that_never_answers_fails_within_the_connect_timeout() {
+    let (port, held) = silent_server();
     let started = std::time::Instant::now();
     let out = relaybus()
         .env(
@@ -558,6 +564,34 @@ fn a_server_that_never_answers_fails_within_the_connect_timeout() {
         )
     );
     assert!(took < Duration::from_secs(6), "{took:?}");
+    drop(held);
+}
+
+/// Of several hosts, one that accepts and never answers costs its own start-up bound, and the
+/// next one is tried, as libpq does: a command given a silent host first and the test server
+/// second succeeds after the bound.
+#[test]
+fn a_silent_host_costs_its_bound_and_the_next_host_answers() {
+    let s = TestSchema::installed("multi_host");
+    let (port, held) = silent_server();
+    let started = std::time::Instant::now();
+    s.cmd()
+        .env(
+            "RELAYBUS_DATABASE_URL",
+            format!(
+                "host=127.0.0.1,127.0.0.1 port={port},5432 user=postgres dbname={} \
+                 connect_timeout=2 target_session_attrs=read-write",
+                crate::common::database_name()
+            ),
+        )
+        .args(["setup", "--check"])
+        .assert()
+        .success();
+    let took = started.elapsed();
+    assert!(
+        took > Duration::from_secs(2) && took < Duration::from_secs(6),
+        "{took:?}"
+    );
     drop(held);
 }
 

@@ -203,6 +203,15 @@ mod tests {
             );
         }
         assert_eq!(redact("host=db password=s3cret"), "host=db password=***");
+        // Several hosts, as libpq takes them.
+        assert_eq!(
+            redact("postgres://app:s3cret@a:5432,b:5433/x?target_session_attrs=read-write"),
+            "postgres://app:***@a:5432,b:5433/x?target_session_attrs=read-write"
+        );
+        assert_eq!(
+            redact("host=a,b port=5432,5433 password=s3cret target_session_attrs=read-write"),
+            "host=a,b port=5432,5433 password=*** target_session_attrs=read-write"
+        );
     }
 
     #[test]

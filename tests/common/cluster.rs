@@ -66,14 +66,7 @@ impl TestCluster {
 
     /// A cluster whose server runs with these `-c name=value` settings too.
     pub fn start_with(settings: &str) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let cluster = Self {
-            bin: bin_dir(),
-            port: free_port(),
-            dir,
-            settings: settings.to_string(),
-        };
-        give_to_postgres(cluster.dir.path());
+        let cluster = Self::unstarted(settings);
         cluster.tool(
             "initdb",
             &[
@@ -87,6 +80,42 @@ impl TestCluster {
             ],
         );
         cluster.ctl("start");
+        cluster
+    }
+
+    /// A streaming standby of this cluster: a base backup started on a port of its own, which
+    /// follows the primary until it is promoted.
+    pub fn standby(&self) -> Self {
+        let standby = Self::unstarted(&self.settings);
+        let (port, data) = (self.port.to_string(), standby.data());
+        standby.tool(
+            "pg_basebackup",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-X",
+                "stream",
+                "-R",
+                "-D",
+                data.to_str().unwrap(),
+            ],
+        );
+        standby.ctl("start");
+        standby
+    }
+
+    fn unstarted(settings: &str) -> Self {
+        let cluster = Self {
+            bin: bin_dir(),
+            port: free_port(),
+            dir: tempfile::tempdir().unwrap(),
+            settings: settings.to_string(),
+        };
+        give_to_postgres(cluster.dir.path());
         cluster
     }
 
@@ -129,6 +158,8 @@ impl TestCluster {
         match action {
             "start" => args.extend(["-o", &options, "start"]),
             "stop" => args.extend(["-m", "fast", "stop"]),
+            "kill" => args.extend(["-m", "immediate", "stop"]),
+            "promote" => args.push("promote"),
             _ => unreachable!("{action}"),
         }
         self.tool("pg_ctl", &args);
@@ -147,6 +178,16 @@ impl TestCluster {
 
     pub fn start_again(&self) {
         self.ctl("start");
+    }
+
+    /// Stops the server as a crash would: no checkpoint, sessions cut.
+    pub fn kill(&self) {
+        self.ctl("kill");
+    }
+
+    /// Makes a standby a primary, once it has replayed what it received.
+    pub fn promote(&self) {
+        self.ctl("promote");
     }
 
     /// The pid of the server process serving the session for which `sql` (a query on

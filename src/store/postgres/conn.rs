@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use futures_util::StreamExt;
+use rand::seq::SliceRandom;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio_postgres::config::LoadBalanceHosts;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{
@@ -55,6 +57,8 @@ impl MakeTlsConnect<Socket> for Tls {
 #[derive(Clone)]
 pub(crate) struct ConnectOptions {
     config: Config,
+    /// One configuration per host, tried in turn (shuffled with `load_balance_hosts=random`).
+    hosts: Vec<Config>,
     tls: Tls,
     connect_timeout: Option<std::time::Duration>,
     /// `PostgreSQL at host:port/db as user`, for messages; never holds the password.
@@ -68,6 +72,7 @@ impl ConnectOptions {
         refuse_ambiguous(conn.unwrap_or_default())?;
         let ConnInfo {
             config,
+            hosts,
             tls,
             connect_timeout,
         } = conninfo::resolve(conn, &|k| std::env::var(k).ok())
@@ -76,22 +81,45 @@ impl ConnectOptions {
             target: describe_target(&config),
             tls: Tls(MakeRustlsConnect::new(tls)),
             connect_timeout,
+            hosts,
             config,
         })
     }
 
     /// A new connection, and the task that drives it (its errors reach the client's next
-    /// request). The listener polls the connection itself. The whole start-up (connecting, TLS,
-    /// authentication) is bounded: a server that accepts and never answers fails it in time.
+    /// request). The listener polls the connection itself. Each host is tried in turn, as
+    /// libpq tries them, and its whole start-up (connecting, TLS, authentication,
+    /// `target_session_attrs`) is bounded: a host that accepts and never answers costs its
+    /// bound, and the next is tried. The last host's error is returned.
     pub(crate) async fn connect_raw(&self) -> Result<(Client, Connection<Socket, Stream>)> {
-        let connecting = self.config.connect(self.tls.clone());
+        let mut order: Vec<&Config> = self.hosts.iter().collect();
+        if self.config.get_load_balance_hosts() == LoadBalanceHosts::Random {
+            order.shuffle(&mut rand::thread_rng());
+        }
+        let mut failed = None;
+        for config in order {
+            match self.connect_host(config).await {
+                Ok(connected) => return Ok(connected),
+                Err(e) => failed = Some(e),
+            }
+        }
+        Err(failed.expect("a connection string has a host"))
+    }
+
+    async fn connect_host(&self, config: &Config) -> Result<(Client, Connection<Socket, Stream>)> {
+        let target = if self.hosts.len() == 1 {
+            self.target.clone()
+        } else {
+            describe_target(config)
+        };
+        let connecting = config.connect(self.tls.clone());
         let connected = match self.connect_timeout {
             None => connecting.await,
             Some(bound) => match tokio::time::timeout(bound, connecting).await {
                 Ok(connected) => connected,
                 Err(_) => {
                     return Err(StoreError::Connect {
-                        target: self.target.clone(),
+                        target,
                         detail: format!(
                             "no answer within {} (connect_timeout, or PGCONNECT_TIMEOUT)",
                             humantime::format_duration(bound)
@@ -101,7 +129,11 @@ impl ConnectOptions {
                 }
             },
         };
-        connected.map_err(|cause| self.connect_error(cause))
+        connected.map_err(|cause| StoreError::Connect {
+            target,
+            detail: describe(&cause),
+            cause: Box::new(cause),
+        })
     }
 
     /// A new connection driven by a task of its own.

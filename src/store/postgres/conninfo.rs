@@ -31,6 +31,9 @@ enum TlsMode {
 /// Where and how to connect.
 pub(crate) struct ConnInfo {
     pub(crate) config: Config,
+    /// The same, one for each host in the order given (the only one when one host is given):
+    /// each host is tried with its own bound, as libpq tries them.
+    pub(crate) hosts: Vec<Config>,
     pub(crate) tls: ClientConfig,
     /// The bound on connecting, TLS and authentication together; None waits forever
     /// (`connect_timeout=0`, as libpq).
@@ -77,24 +80,32 @@ pub(crate) fn resolve(
     let (own, rest): (Vec<_>, Vec<_>) = given
         .into_iter()
         .partition(|(k, _)| OWN.contains(&k.as_str()));
-    let quoted: Vec<String> = rest
-        .iter()
-        .map(|(k, v)| format!("{k}='{}'", v.replace('\\', "\\\\").replace('\'', "\\'")))
-        .collect();
-    let mut config = quoted
-        .join(" ")
-        .parse::<Config>()
-        .map_err(|e| format!("invalid connection string: {e}"))?;
     let param = |name: &str| last(&own, name).filter(|v| !v.is_empty());
-    if config.get_password().is_none() {
-        let file = param("passfile")
-            .map(PathBuf::from)
-            .or_else(|| env("HOME").map(|h| Path::new(&h).join(".pgpass")));
-        if let Some(password) = file.and_then(|f| password_from_file(&f, &config)) {
-            config.password(password);
+    let build = |pairs: &[(String, String)]| -> Result<(Config, ClientConfig), String> {
+        let quoted: Vec<String> = pairs
+            .iter()
+            .map(|(k, v)| format!("{k}='{}'", v.replace('\\', "\\\\").replace('\'', "\\'")))
+            .collect();
+        let mut config = quoted
+            .join(" ")
+            .parse::<Config>()
+            .map_err(|e| format!("invalid connection string: {e}"))?;
+        if config.get_password().is_none() {
+            let file = param("passfile")
+                .map(PathBuf::from)
+                .or_else(|| env("HOME").map(|h| Path::new(&h).join(".pgpass")));
+            if let Some(password) = file.and_then(|f| password_from_file(&f, &config)) {
+                config.password(password);
+            }
         }
-    }
-    let tls = tls(&mut config, &param, env)?;
+        let tls = tls(&mut config, &param, env)?;
+        Ok((config, tls))
+    };
+    let (config, tls) = build(&rest)?;
+    let hosts = per_host(&rest)?
+        .iter()
+        .map(|pairs| build(pairs).map(|(config, _)| config))
+        .collect::<Result<Vec<_>, _>>()?;
     let connect_timeout = match param("connect_timeout") {
         None => Some(CONNECT_TIMEOUT),
         Some(v) => match v.trim().parse::<u64>() {
@@ -105,9 +116,49 @@ pub(crate) fn resolve(
     };
     Ok(ConnInfo {
         config,
+        hosts,
         tls,
         connect_timeout,
     })
+}
+
+/// The pairs of each host of a multi-host string (`host=a,b port=5432,5433`), with its own
+/// host, address and port; the pairs themselves for one host.
+fn per_host(pairs: &[(String, String)]) -> Result<Vec<Vec<(String, String)>>, String> {
+    let list = |key: &str| -> Vec<String> {
+        last(pairs, key)
+            .map(|v| v.split(',').map(str::to_owned).collect())
+            .unwrap_or_default()
+    };
+    let (hosts, addrs, ports) = (list("host"), list("hostaddr"), list("port"));
+    let n = hosts.len().max(addrs.len());
+    if n <= 1 {
+        return Ok(vec![pairs.to_vec()]);
+    }
+    if ports.len() > 1 && ports.len() != n {
+        return Err(format!(
+            "{} ports for {n} hosts: give one port for all, or one for each host",
+            ports.len()
+        ));
+    }
+    Ok((0..n)
+        .map(|i| {
+            let mut one: Vec<(String, String)> = pairs
+                .iter()
+                .filter(|(k, _)| !["host", "hostaddr", "port"].contains(&k.as_str()))
+                .cloned()
+                .collect();
+            for (key, values) in [("host", &hosts), ("hostaddr", &addrs)] {
+                if let Some(v) = values.get(i) {
+                    one.push((key.into(), v.clone()));
+                }
+            }
+            if let Some(port) = ports.get(i).or(ports.first()) {
+                one.push(("port".into(), port.clone()));
+            }
+            one
+        })
+        .collect())
 }
 
 /// The value a key was given last.
@@ -571,6 +622,35 @@ mod tests {
                 .unwrap(),
             "sslmode verify-full needs the server's root certificate: set sslrootcert (or \
              PGSSLROOTCERT), or put it in ~/.postgresql/root.crt"
+        );
+    }
+
+    #[test]
+    fn each_host_of_a_multi_host_string_gets_its_own_configuration() {
+        let hosts = |conn: &str| -> Result<Vec<(String, u16)>, String> {
+            Ok(resolve(Some(conn), &env(&[]))?
+                .hosts
+                .iter()
+                .map(|c| {
+                    let host = match &c.get_hosts()[0] {
+                        Host::Tcp(h) => h.clone(),
+                        Host::Unix(p) => p.display().to_string(),
+                    };
+                    (host, c.get_ports().first().copied().unwrap_or(5432))
+                })
+                .collect())
+        };
+        let both = vec![("a".to_owned(), 5432), ("b".to_owned(), 5433)];
+        assert_eq!(hosts("postgres://a:5432,b:5433/db"), Ok(both.clone()));
+        assert_eq!(hosts("host=a,b port=5432,5433 dbname=db"), Ok(both));
+        assert_eq!(
+            hosts("host=a,b port=6000"),
+            Ok(vec![("a".to_owned(), 6000), ("b".to_owned(), 6000)])
+        );
+        assert_eq!(hosts("host=a"), Ok(vec![("a".to_owned(), 5432)]));
+        assert_eq!(
+            hosts("host=a,b port=1,2,3"),
+            Err("3 ports for 2 hosts: give one port for all, or one for each host".to_owned())
         );
     }
 

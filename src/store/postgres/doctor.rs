@@ -13,7 +13,7 @@ use tokio_postgres::GenericClient;
 use super::conn::db;
 use super::schema::{index_statement, install_script};
 use super::PgStore;
-use crate::store::doctor::Check;
+use crate::store::doctor::{Check, Verdict};
 use crate::store::{Doctor, Namespace, Result, SCHEMA_VERSION};
 
 /// A dead-tuple count worth a warning: this many, and this share of the table.
@@ -550,6 +550,60 @@ impl PgStore {
         Ok(checks)
     }
 
+    /// What a failover would keep: the standbys streaming from this server, and whether a
+    /// commit waits for one of them.
+    async fn replication_check(&self, client: &impl GenericClient) -> Result<Check> {
+        let r = client
+            .query_typed_one(&self.sql.doctor_replication.text, &[])
+            .await
+            .map_err(db("could not read the replication state"))?;
+        let (standby, commit, standbys, synchronous, streaming): (
+            bool,
+            String,
+            Vec<String>,
+            bool,
+            bool,
+        ) = (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
+        let waits = synchronous && !["off", "local"].contains(&commit.as_str());
+        Ok(match standbys.len() {
+            _ if standby => Check::fail(
+                "replication",
+                "cluster",
+                "this server is a standby: it refuses every write relaybus makes, and doctor's \
+                 comparison with a scratch install",
+                "connect to the primary: give every host, with target_session_attrs=read-write",
+            ),
+            0 => Check::ok(
+                "replication",
+                "cluster",
+                "no standby streams from this server",
+            ),
+            n => {
+                let found = format!(
+                    "{n} {}: {}; synchronous_commit = {commit}",
+                    if n == 1 { "standby" } else { "standbys" },
+                    standbys.join("; ")
+                );
+                let keeps = if waits {
+                    "a promoted synchronous standby has every commit"
+                } else {
+                    "asynchronous: a promotion may lose the last commits (published events, and \
+                     completions, whose deliveries then run again)"
+                };
+                if streaming {
+                    Check::ok("replication", "cluster", format!("{found}; {keeps}"))
+                } else {
+                    Check::warn(
+                        "replication",
+                        "cluster",
+                        format!("{found}; {keeps}"),
+                        "a standby that is not streaming is behind: a promotion now loses more",
+                    )
+                }
+            }
+        })
+    }
+
     /// The oldest snapshot in the cluster, which holds back every cleanup.
     async fn horizon_check(&self, client: &impl GenericClient) -> Result<Check> {
         let horizon = client
@@ -613,8 +667,14 @@ impl PgStore {
 impl Doctor for PgStore {
     async fn doctor(&self) -> Result<Vec<Check>> {
         let mut conn = self.pool.get().await?;
+        let replication = self.replication_check(&conn.client).await?;
+        if replication.verdict == Verdict::Fail {
+            // A standby: nothing else can be checked there.
+            return Ok(vec![replication]);
+        }
         let mut checks = self.drift(&mut conn.client).await?;
         checks.extend(self.health(&conn.client).await?);
+        checks.push(replication);
         Ok(checks)
     }
 }

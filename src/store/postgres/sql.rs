@@ -151,6 +151,7 @@ statements! {
     doctor_vacuum => "doctor/vacuum",
     doctor_horizon => "doctor/horizon",
     doctor_settings => "doctor/settings",
+    doctor_replication => "doctor/replication",
     list => "admin/list",
     list_completed => "admin/list_completed",
     show_delivery => "admin/show_delivery",
