@@ -569,7 +569,7 @@ fn a_server_that_never_answers_fails_within_the_connect_timeout() {
 
 /// Of several hosts, one that accepts and never answers costs its own start-up bound, and the
 /// next one is tried, as libpq does: a command given a silent host first and the test server
-/// second succeeds after the bound.
+/// second succeeds after the bound (and within 8 s on a loaded machine).
 #[test]
 fn a_silent_host_costs_its_bound_and_the_next_host_answers() {
     let s = TestSchema::installed("multi_host");
@@ -589,7 +589,7 @@ fn a_silent_host_costs_its_bound_and_the_next_host_answers() {
         .success();
     let took = started.elapsed();
     assert!(
-        took > Duration::from_secs(2) && took < Duration::from_secs(6),
+        took > Duration::from_secs(2) && took < Duration::from_secs(8),
         "{took:?}"
     );
     drop(held);
