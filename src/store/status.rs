@@ -62,6 +62,22 @@ impl Expansion {
         let quiet = chrono::Duration::from_std(quiet_for).unwrap_or(chrono::Duration::MAX);
         self.last_legacy_write.is_some_and(|at| now - at < quiet)
     }
+
+    /// `upgrade --contract`'s refusal while 0.1 publishers still write: a 0.1 write within
+    /// `quiet_for`, unless `force`.
+    pub fn refuse_recent(&self, quiet_for: std::time::Duration, force: bool) -> super::Result<()> {
+        if force || !self.recent(quiet_for, chrono::Utc::now()) {
+            return Ok(());
+        }
+        Err(StoreError::LegacyWrites {
+            rows: self.legacy_rows,
+            last: self
+                .last_legacy_write
+                .map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+                .unwrap_or_default(),
+            quiet_for: humantime::format_duration(quiet_for).to_string(),
+        })
+    }
 }
 
 impl SchemaStatus {

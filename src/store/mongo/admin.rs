@@ -8,7 +8,7 @@ use std::time::Duration;
 use mongodb::bson::{doc, Bson, DateTime, Document, Regex};
 
 use super::json;
-use super::model::{all, chrono, lane_ids, literal, Delivery, Lane};
+use super::model::{all, chrono, ids, lane_ids, literal, Delivery, Lane};
 use super::publish::bson_i64;
 use super::{MongoStore, COMPLETIONS, DELIVERIES, EVENTS, READY};
 use crate::store::lane::lane_of;
@@ -79,12 +79,7 @@ impl MongoStore {
             .aggregate(pipeline)
             .await
             .map_err(&failed)?;
-        Ok(all(cursor)
-            .await
-            .map_err(&failed)?
-            .iter()
-            .filter_map(|d| d.get_str("_id").ok().map(str::to_owned))
-            .collect())
+        ids(cursor).await.map_err(&failed)
     }
 
     /// Completed rows kept from 0.1 and the completion history, newest first.
@@ -475,12 +470,7 @@ impl Inspect for MongoStore {
             .limit(limit)
             .await
             .map_err(&failed)?;
-        Ok(all(cursor)
-            .await
-            .map_err(&failed)?
-            .iter()
-            .filter_map(|d: &Document| d.get_str("_id").ok().map(str::to_owned))
-            .collect())
+        ids(cursor).await.map_err(&failed)
     }
 
     async fn stats(&self) -> Result<Vec<HandlerStats>> {

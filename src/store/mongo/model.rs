@@ -18,6 +18,15 @@ where
     cursor.try_collect().await
 }
 
+/// The string `_id` of every document of a cursor.
+pub(super) async fn ids(cursor: Cursor<Document>) -> mongodb::error::Result<Vec<String>> {
+    Ok(all(cursor)
+        .await?
+        .iter()
+        .filter_map(|d: &Document| d.get_str("_id").ok().map(str::to_owned))
+        .collect())
+}
+
 /// Every document of a cursor of a transaction.
 pub(super) async fn all_in<T>(
     mut cursor: SessionCursor<T>,

@@ -13,7 +13,7 @@ use super::convert::BATCH;
 use crate::store::lane::lane_of;
 use crate::store::mongo::model::{all, chrono};
 use crate::store::mongo::{MongoStore, DELIVERIES, EVENTS, READY, SCHEMA};
-use crate::store::{ContractPlan, Expansion, Locks, Result, StoreError};
+use crate::store::{ContractPlan, Expansion, Locks, Result};
 
 /// The schema document that marks an expanded store.
 pub(in crate::store::mongo) const EXPANDED_ID: &str = "expanded";
@@ -194,16 +194,7 @@ impl MongoStore {
         let Some(found) = self.expansion().await? else {
             return Ok(None);
         };
-        if !force && found.recent(quiet_for, chrono::Utc::now()) {
-            return Err(StoreError::LegacyWrites {
-                rows: found.legacy_rows,
-                last: found
-                    .last_legacy_write
-                    .map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-                    .unwrap_or_default(),
-                quiet_for: humantime::format_duration(quiet_for).to_string(),
-            });
-        }
+        found.refuse_recent(quiet_for, force)?;
         while self.adopt().await? > 0 {}
         let ended = self.expansion().await?.unwrap_or(found);
         self.coll(SCHEMA)

@@ -6,14 +6,11 @@
 
 use std::time::Duration;
 
-use tokio_postgres::types::Type;
-
 use super::super::conn::db;
 use super::super::PgStore;
-use super::locks::setup_lock_key;
 use super::online::{is_lock_timeout, LOCK_TRIES, LOCK_WAIT};
 use super::render::render;
-use crate::store::{ContractPlan, Expansion, Locks, Result, SchemaStatus, StoreError};
+use crate::store::{ContractPlan, Expansion, Locks, Result, SchemaStatus};
 
 const CONTRACT: &str = include_str!("../../../../sql/postgres/online/contract.sql");
 
@@ -52,18 +49,11 @@ impl PgStore {
         quiet_for: Duration,
         force: bool,
     ) -> Result<Option<Expansion>> {
-        let mut client = self.pool.options().connect().await?;
-        client
-            .query_typed(
-                "SELECT pg_advisory_lock($1)",
-                &[(&setup_lock_key(&self.ns), Type::INT8)],
-            )
-            .await
-            .map_err(db("could not take the setup lock"))?;
+        let mut client = self.setup_session().await?;
         let SchemaStatus::Expanded(found) = self.detect(&client).await? else {
             return Ok(None);
         };
-        refuse_recent(&found, quiet_for, force)?;
+        found.refuse_recent(quiet_for, force)?;
         let lock = format!(
             "SET LOCAL lock_timeout = {}; LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
             LOCK_WAIT.as_millis(),
@@ -88,7 +78,7 @@ impl PgStore {
             }
             // No 0.1 insert can come in now: what was written until here is all there is.
             let last = self.expansion(&tx).await?;
-            refuse_recent(&last, quiet_for, force)?;
+            last.refuse_recent(quiet_for, force)?;
             tx.batch_execute(&render(&self.ns, CONTRACT))
                 .await
                 .map_err(failed())?;
@@ -96,18 +86,4 @@ impl PgStore {
             return Ok(Some(last));
         }
     }
-}
-
-fn refuse_recent(found: &Expansion, quiet_for: Duration, force: bool) -> Result<()> {
-    if force || !found.recent(quiet_for, chrono::Utc::now()) {
-        return Ok(());
-    }
-    Err(StoreError::LegacyWrites {
-        rows: found.legacy_rows,
-        last: found
-            .last_legacy_write
-            .map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-            .unwrap_or_default(),
-        quiet_for: humantime::format_duration(quiet_for).to_string(),
-    })
 }

@@ -20,6 +20,21 @@ fn is_lock_timeout(e: &StoreError) -> bool {
 }
 
 impl PgStore {
+    /// A session of its own that holds the setup lock until it ends: a session lock, since the
+    /// work it guards (the online conversion, the contract) takes many transactions. It queues
+    /// behind setups and upgrades of the schema as their transaction locks do.
+    pub(super) async fn setup_session(&self) -> Result<tokio_postgres::Client> {
+        let client = self.pool.options().connect().await?;
+        client
+            .query_typed(
+                "SELECT pg_advisory_lock($1)",
+                &[(&setup_lock_key(&self.ns), tokio_postgres::types::Type::INT8)],
+            )
+            .await
+            .map_err(db("could not take the setup lock"))?;
+        Ok(client)
+    }
+
     /// Turns a lock timeout into an error naming the sessions that held the locks.
     pub(super) async fn explain_lock_timeout(&self, e: StoreError) -> StoreError {
         if !is_lock_timeout(&e) {

@@ -6,13 +6,11 @@
 
 use std::time::Duration;
 
-use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
 use super::super::conn::db;
 use super::super::sql::Sql;
 use super::super::PgStore;
-use super::locks::setup_lock_key;
 use super::migrate::IndexDrift;
 use super::render::{index_statement, render, INSTALL, PRELUDE};
 use crate::store::{
@@ -148,16 +146,7 @@ impl PgStore {
         force: bool,
         progress: &(dyn Fn(UpgradeProgress) + Sync),
     ) -> Result<SetupOutcome> {
-        let client = self.pool.options().connect().await?;
-        // A session lock, since the conversion is many transactions: it queues behind setups and
-        // upgrades of the schema as their transaction locks do, and goes with the session.
-        client
-            .query_typed(
-                "SELECT pg_advisory_lock($1)",
-                &[(&setup_lock_key(&self.ns), Type::INT8)],
-            )
-            .await
-            .map_err(db("could not take the setup lock"))?;
+        let client = self.setup_session().await?;
         let before = self.detect(&client).await?;
         if before != SchemaStatus::V01 {
             return Ok(SetupOutcome {
