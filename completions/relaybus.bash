@@ -103,11 +103,23 @@ _relaybus() {
             relaybus__subcmd__events,help)
                 cmd="relaybus__subcmd__events__subcmd__help"
                 ;;
+            relaybus__subcmd__events,list)
+                cmd="relaybus__subcmd__events__subcmd__list"
+                ;;
+            relaybus__subcmd__events,replay)
+                cmd="relaybus__subcmd__events__subcmd__replay"
+                ;;
             relaybus__subcmd__events,show)
                 cmd="relaybus__subcmd__events__subcmd__show"
                 ;;
             relaybus__subcmd__events__subcmd__help,help)
                 cmd="relaybus__subcmd__events__subcmd__help__subcmd__help"
+                ;;
+            relaybus__subcmd__events__subcmd__help,list)
+                cmd="relaybus__subcmd__events__subcmd__help__subcmd__list"
+                ;;
+            relaybus__subcmd__events__subcmd__help,replay)
+                cmd="relaybus__subcmd__events__subcmd__help__subcmd__replay"
                 ;;
             relaybus__subcmd__events__subcmd__help,show)
                 cmd="relaybus__subcmd__events__subcmd__help__subcmd__show"
@@ -207,6 +219,12 @@ _relaybus() {
                 ;;
             relaybus__subcmd__help__subcmd__deliveries,show)
                 cmd="relaybus__subcmd__help__subcmd__deliveries__subcmd__show"
+                ;;
+            relaybus__subcmd__help__subcmd__events,list)
+                cmd="relaybus__subcmd__help__subcmd__events__subcmd__list"
+                ;;
+            relaybus__subcmd__help__subcmd__events,replay)
+                cmd="relaybus__subcmd__help__subcmd__events__subcmd__replay"
                 ;;
             relaybus__subcmd__help__subcmd__events,show)
                 cmd="relaybus__subcmd__help__subcmd__events__subcmd__show"
@@ -729,7 +747,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__events)
-            opts="-h -V --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version show help"
+            opts="-h -V --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version list show replay help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -759,7 +777,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__events__subcmd__help)
-            opts="show help"
+            opts="list show replay help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -786,6 +804,34 @@ _relaybus() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        relaybus__subcmd__events__subcmd__help__subcmd__list)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__events__subcmd__help__subcmd__replay)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         relaybus__subcmd__events__subcmd__help__subcmd__show)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
@@ -793,6 +839,130 @@ _relaybus() {
                 return 0
             fi
             case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__events__subcmd__list)
+            opts="-h -V --type --key --since --until --event --after --handler --limit --wide --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --type)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --key)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --since)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --until)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --event)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --after)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --handler)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --limit)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__events__subcmd__replay)
+            opts="-y -h -V --handler --type --key --since --until --event --after --again --new --dry-run --yes --batch-size --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --handler)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --type)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --key)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --since)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --until)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --event)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --after)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --batch-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -1257,8 +1427,36 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__help__subcmd__events)
-            opts="show"
+            opts="list show replay"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__help__subcmd__events__subcmd__list)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__help__subcmd__events__subcmd__replay)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi

@@ -18,6 +18,7 @@ mod mongo;
 mod pgbouncer;
 mod publish;
 mod publish_sql;
+mod replay;
 mod rolling;
 mod run;
 mod schema;

@@ -1318,3 +1318,19 @@ fn a_killed_worker_s_deliveries_run_beside_a_busy_survivor_within_the_lease() {
         10_000,
     );
 }
+
+/// 1,000 events where PostgreSQL has 5,000: the test server drains keyed deliveries beside a
+/// backlog at about 15 a second.
+#[test]
+fn a_replay_killed_halfway_and_run_again_delivers_each_event_once_in_key_order() {
+    let m = TestMongo::installed("mongo_replay");
+    let store = m.store(StoreOptions::admin());
+    crate::common::replay::a_replay_killed_halfway_and_run_again_delivers_each_event_once_in_key_order(
+        &crate::common::replay::Target {
+            url: &mongo_url(),
+            schema: &m.name,
+            store: &store,
+        },
+        1000,
+    );
+}

@@ -830,3 +830,17 @@ fn a_killed_worker_s_deliveries_run_beside_a_busy_survivor_within_the_lease() {
         10_000,
     );
 }
+
+#[test]
+fn a_replay_killed_halfway_and_run_again_delivers_each_event_once_in_key_order() {
+    let s = TestSchema::installed("run_replay");
+    let store = crate::common::open_store(&s, relaybus::store::StoreOptions::admin());
+    crate::common::replay::a_replay_killed_halfway_and_run_again_delivers_each_event_once_in_key_order(
+        &crate::common::replay::Target {
+            url: &s.url,
+            schema: &s.name,
+            store: &store,
+        },
+        5000,
+    );
+}

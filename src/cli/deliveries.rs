@@ -1,4 +1,4 @@
-//! `relaybus deliveries` and `relaybus events`: find what is pending, running, dead or done.
+//! `relaybus deliveries`: find what is pending, running, dead or done.
 
 use std::process::ExitCode;
 
@@ -91,22 +91,6 @@ impl From<Status> for DeliveryStatus {
             Status::Completed => DeliveryStatus::Completed,
         }
     }
-}
-
-/// Inspect events.
-#[derive(Debug, Args)]
-pub struct EventsArgs {
-    #[command(subcommand)]
-    pub command: EventsCommand,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum EventsCommand {
-    /// Show one event: its payload, every handler it ever had, and its remaining deliveries.
-    Show {
-        /// Event id.
-        id: String,
-    },
 }
 
 /// What a listing shows besides its rows.
@@ -303,33 +287,5 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeliveriesArgs) -> R
             }
         }
     }
-    Ok(ExitCode::SUCCESS)
-}
-
-pub(super) async fn run_events(g: &GlobalArgs, out: &Output, args: EventsArgs) -> Result<ExitCode> {
-    let store = g.open(StoreOptions::admin())?;
-    store.require_current().await?;
-    let EventsCommand::Show { id } = args.command;
-    let id = whole_id(&store, Record::Event, &id).await?;
-    let Some(e) = store.show_event(&id).await? else {
-        bail!("no event has the id `{id}`, nor one that begins or ends with it (purged, or never published)");
-    };
-    if out.json {
-        return out.print_json(&e).map(|_| ExitCode::SUCCESS);
-    }
-    out.line(format!("id          {}", e.id))?;
-    out.line(format!("type        {}", e.event_type))?;
-    out.line(format!("key         {}", e.key.as_deref().unwrap_or("-")))?;
-    out.line(format!("created     {}", time(Some(e.created_at))))?;
-    out.line(format!("handlers    {}", e.handlers.join(", ")))?;
-    out.paragraph(format!("headers     {}", e.headers), 12)?;
-    out.paragraph(format!("payload     {}", e.payload), 12)?;
-    out.line("")?;
-    let how = Listing {
-        empty: "no deliveries left: every handler completed",
-        dead: false,
-        page: None,
-    };
-    print_deliveries(out, e.deliveries, &how)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -5,6 +5,7 @@ mod bench;
 mod dead;
 mod deliveries;
 mod doctor;
+mod events;
 pub mod generate;
 mod handlers;
 mod lanes;
@@ -118,7 +119,7 @@ pub enum Command {
     Publish(publish::PublishArgs),
     Run(run::RunArgs),
     Deliveries(deliveries::DeliveriesArgs),
-    Events(deliveries::EventsArgs),
+    Events(events::EventsArgs),
     Dead(dead::DeadArgs),
     Purge(purge::PurgeArgs),
     Lanes(lanes::LanesArgs),
@@ -367,7 +368,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Publish(args) => publish::run(g, &out, args).await,
         Command::Run(args) => run::run(g, &out, args).await,
         Command::Deliveries(args) => deliveries::run(g, &out, args).await,
-        Command::Events(args) => deliveries::run_events(g, &out, args).await,
+        Command::Events(args) => events::run(g, &out, args).await,
         Command::Dead(args) => dead::run(g, &out, args).await,
         Command::Purge(args) => purge::run(g, &out, args).await,
         Command::Lanes(args) => lanes::run(g, &out, args).await,

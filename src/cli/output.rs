@@ -112,13 +112,18 @@ pub(super) fn confirm(question: &str, yes: bool) -> Result<bool> {
     if yes {
         return Ok(true);
     }
-    if !(io::stdin().is_terminal() && io::stderr().is_terminal()) {
+    if !can_ask() {
         super::usage!("{question} Not confirmed: standard input is not a terminal; rerun with --yes to proceed");
     }
     Ok(dialoguer::Confirm::new()
         .with_prompt(question)
         .default(false)
         .interact()?)
+}
+
+/// Whether a person can be asked: standard input and standard error are a terminal.
+pub(super) fn can_ask() -> bool {
+    io::stdin().is_terminal() && io::stderr().is_terminal()
 }
 
 /// What a command that was not confirmed says before it exits 0.

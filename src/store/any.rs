@@ -256,6 +256,28 @@ impl Inspect for AnyStore {
     }
 }
 
+impl History for AnyStore {
+    async fn count_events(&self, filter: &EventFilter) -> Result<i64> {
+        on_engine!(self, s => s.count_events(filter).await)
+    }
+    async fn events(
+        &self,
+        filter: &EventFilter,
+        limit: i64,
+        target: Option<&str>,
+    ) -> Result<Vec<EventRow>> {
+        on_engine!(self, s => s.events(filter, limit, target).await)
+    }
+    async fn replay_events(
+        &self,
+        handler: &str,
+        events: &[EventRow],
+        again: bool,
+    ) -> Result<Vec<String>> {
+        on_engine!(self, s => s.replay_events(handler, events, again).await)
+    }
+}
+
 impl DeadLetters for AnyStore {
     async fn count_dead(&self, selector: &RequeueSelector) -> Result<i64> {
         on_engine!(self, s => s.count_dead(selector).await)

@@ -14,6 +14,7 @@ pub mod lane;
 mod mongo;
 mod options;
 mod postgres;
+mod replay;
 mod retention;
 mod status;
 mod types;
@@ -28,6 +29,9 @@ use connstr::{refuse_ambiguous, unparsable};
 pub use error::{BoxError, StoreError};
 pub use ident::Namespace;
 pub use options::StoreOptions;
+pub use replay::{
+    replay, EventFilter, EventPosition, EventRow, ReplayOptions, ReplayTally, TargetState,
+};
 pub use retention::purge;
 pub use status::{
     ContractPlan, Conversion, Expansion, ForeignIndex, LiveLeases, Locks, SchemaStatus,
@@ -41,8 +45,8 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 /// The store's traits, for code that calls a store's methods on a concrete type.
 pub mod prelude {
     pub use super::{
-        Controls, DeadLetters, Dispatch, Doctor, Inspect, Publish, Retention, Schema, SqlHandler,
-        Store, Wake,
+        Controls, DeadLetters, Dispatch, Doctor, History, Inspect, Publish, Retention, Schema,
+        SqlHandler, Store, Wake,
     };
 }
 
@@ -60,6 +64,7 @@ pub trait Store:
     + DeadLetters
     + Retention
     + Controls
+    + History
 {
     /// Where the store lives.
     fn namespace(&self) -> &Namespace;
@@ -260,6 +265,33 @@ pub trait Inspect: Send + Sync + 'static {
         record: Record,
         part: &str,
         limit: i64,
+    ) -> impl Future<Output = Result<Vec<String>>> + Send;
+}
+
+/// The events as history: listed by a filter, and given to a handler again (`replay`).
+pub trait History: Send + Sync + 'static {
+    /// How many events match the filter.
+    fn count_events(&self, filter: &EventFilter) -> impl Future<Output = Result<i64>> + Send;
+
+    /// The events matching the filter in publish order (creation time, then id), at most
+    /// `limit`; with `target`, each with the state of its delivery for that handler.
+    fn events(
+        &self,
+        filter: &EventFilter,
+        limit: i64,
+        target: Option<&str>,
+    ) -> impl Future<Output = Result<Vec<EventRow>>> + Send;
+
+    /// In one transaction, gives each of `events` (in publish order) a delivery for `handler`
+    /// as a publish would have (the lane of its key, the next sequences of its key) and adds
+    /// the handler to its handlers, unless the event is gone, already has a live delivery for
+    /// it, or (without `again`) was ever published for it. Returns the ids of the events given
+    /// a delivery.
+    fn replay_events(
+        &self,
+        handler: &str,
+        events: &[EventRow],
+        again: bool,
     ) -> impl Future<Output = Result<Vec<String>>> + Send;
 }
 

@@ -6,6 +6,7 @@ pub mod drain;
 pub mod http;
 pub mod mongo;
 pub mod pgbouncer;
+pub mod replay;
 
 use std::io::Read;
 use std::process::{Child, Command as StdCommand, Output, Stdio};

@@ -59,7 +59,10 @@ macro_rules! conformance {
             purge_deletes_what_retention_allows_and_keeps_pending_work,
             listings_filter_by_status_handler_key_event_and_type_in_creation_order,
             lanes_and_stats_describe_leases_and_backlog,
-            a_claim_finds_its_handler_s_work_behind_another_handler_s_backlog;
+            a_claim_finds_its_handler_s_work_behind_another_handler_s_backlog,
+            events_are_listed_in_publish_order_by_type_key_handler_and_bounds,
+            a_replay_follows_each_key_s_pending_deliveries_and_runs_once,
+            a_replay_again_takes_only_events_without_a_live_delivery;
             a_restarted_worker_with_the_same_owner_name_does_not_adopt_live_lanes,
             handler_controls_change_atomically_and_every_instance_reads_them,
         );

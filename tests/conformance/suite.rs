@@ -6,9 +6,10 @@ use std::time::Duration;
 use relaybus::store::lane::lane_of;
 use relaybus::store::prelude::*;
 use relaybus::store::{
-    purge, ClaimRequest, ClaimedDelivery, Conversion, DeliveryFilter, DeliveryRow, DeliveryStatus,
-    EventLimits, FailOutcome, Failure, LeaseToken, LiveLeases, NewEvent, PublishedDelivery,
-    PurgeCounts, PurgeOptions, RequeueSelector, SchemaStatus, StoreError,
+    purge, replay, ClaimRequest, ClaimedDelivery, Conversion, DeliveryFilter, DeliveryRow,
+    DeliveryStatus, EventFilter, EventLimits, EventPosition, FailOutcome, Failure, LeaseToken,
+    LiveLeases, NewEvent, PublishedDelivery, PurgeCounts, PurgeOptions, ReplayOptions, ReplayTally,
+    RequeueSelector, SchemaStatus, StoreError, TargetState,
 };
 use serde_json::json;
 
@@ -1293,4 +1294,306 @@ pub(crate) async fn lanes_and_stats_describe_leases_and_backlog<S: Store>(s: &S)
     );
     assert!(stats[1].lag_seconds.unwrap() >= 0.0);
     assert_eq!(stats[0].lag_seconds, None);
+}
+
+/// Every event matching `filter` given to `handler`, `batch` events per transaction.
+async fn replay_to<S: Store>(
+    s: &S,
+    handler: &str,
+    filter: EventFilter,
+    again: bool,
+    dry_run: bool,
+) -> ReplayTally {
+    let options = ReplayOptions {
+        handler: handler.into(),
+        filter,
+        again,
+        batch: 2,
+        dry_run,
+    };
+    replay(s, &options, |_| true).await.unwrap()
+}
+
+/// What a replay did: matched, replayed, and skipped as pending, scheduled, dead, delivered.
+fn counted(t: &ReplayTally) -> [i64; 6] {
+    [
+        t.matched,
+        t.replayed,
+        t.skipped_pending,
+        t.skipped_scheduled,
+        t.skipped_dead,
+        t.skipped_delivered,
+    ]
+}
+
+async fn position<S: Store>(s: &S, id: &str) -> EventPosition {
+    let e = s.show_event(id).await.unwrap().unwrap();
+    EventPosition {
+        at: e.created_at,
+        id: Some(e.id),
+    }
+}
+
+async fn listed<S: Store>(s: &S, filter: EventFilter) -> Vec<String> {
+    let rows = s.events(&filter, 100, None).await.unwrap();
+    assert_eq!(
+        s.count_events(&filter).await.unwrap(),
+        rows.len() as i64,
+        "the count of {filter:?}"
+    );
+    rows.into_iter().map(|e| e.id).collect()
+}
+
+pub(crate) async fn events_are_listed_in_publish_order_by_type_key_handler_and_bounds<S: Store>(
+    s: &S,
+) {
+    installed(s).await;
+    for e in [
+        event("a1", "order.paid", Some("k1"), &["h"]),
+        event("a2", "order.refunded", Some("k2"), &["h", "g"]),
+        event("a3", "user.created", None, &["g"]),
+        event("a4", "order.paid", Some("k1"), &["g"]),
+    ] {
+        publish(s, &[e]).await;
+        // Each its own time, on a store that keeps milliseconds.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let all = EventFilter::default;
+    let types = |t: &[&str]| EventFilter {
+        types: t.iter().map(|t| t.to_string()).collect(),
+        ..all()
+    };
+    assert_eq!(listed(s, all()).await, ["a1", "a2", "a3", "a4"]);
+    assert_eq!(listed(s, types(&["order.*"])).await, ["a1", "a2", "a4"]);
+    assert_eq!(
+        listed(s, types(&["order.paid", "user.*"])).await,
+        ["a1", "a3", "a4"]
+    );
+    assert_eq!(listed(s, types(&["*.created"])).await, ["a3"]);
+    // Only `*` is a wildcard: what LIKE or a regular expression would read otherwise is text.
+    assert!(listed(s, types(&["order_paid", "order.pai."]))
+        .await
+        .is_empty());
+    let key = EventFilter {
+        key: Some("k1".into()),
+        ..all()
+    };
+    assert_eq!(listed(s, key).await, ["a1", "a4"]);
+    let handler = EventFilter {
+        handler: Some("g".into()),
+        ..all()
+    };
+    assert_eq!(listed(s, handler).await, ["a2", "a3", "a4"]);
+    let ids = EventFilter {
+        ids: vec!["a3".into(), "a1".into()],
+        ..all()
+    };
+    assert_eq!(listed(s, ids).await, ["a1", "a3"]);
+    let since = EventFilter {
+        since: Some(position(s, "a2").await),
+        ..all()
+    };
+    assert_eq!(listed(s, since).await, ["a2", "a3", "a4"]);
+    let until = EventFilter {
+        until: Some(position(s, "a3").await),
+        ..all()
+    };
+    assert_eq!(listed(s, until).await, ["a1", "a2", "a3"]);
+    let a3_on = EventPosition {
+        id: None,
+        ..position(s, "a3").await
+    };
+    let times = EventFilter {
+        since: Some(a3_on.clone()),
+        until: Some(a3_on),
+        ..all()
+    };
+    assert_eq!(
+        listed(s, times).await,
+        ["a3"],
+        "a time is every event of it"
+    );
+    let page = EventFilter {
+        since: Some(position(s, "a2").await),
+        after: Some(position(s, "a3").await),
+        ..all()
+    };
+    assert_eq!(listed(s, page).await, ["a4"]);
+    let first_two = s.events(&all(), 2, Some("h")).await.unwrap();
+    let seen: Vec<(&str, TargetState)> = first_two
+        .iter()
+        .map(|e| (e.id.as_str(), e.target))
+        .collect();
+    assert_eq!(
+        seen,
+        [("a1", TargetState::Pending), ("a2", TargetState::Pending)]
+    );
+    assert_eq!(first_two[1].handlers, ["h", "g"]);
+    assert_eq!(first_two[1].event_type, "order.refunded");
+    assert_eq!(first_two[1].key.as_deref(), Some("k2"));
+}
+
+pub(crate) async fn a_replay_follows_each_key_s_pending_deliveries_and_runs_once<S: Store>(s: &S) {
+    installed(s).await;
+    publish(
+        s,
+        &[
+            order("e1", Some("k1"), &["h"]),
+            order("e2", Some("k1"), &["h"]),
+            order("e3", None, &["h"]),
+            order("e4", Some("k2"), &["h"]),
+        ],
+    )
+    .await;
+    publish(s, &[order("e5", Some("k1"), &["h", "new"])]).await;
+    let dry = replay_to(s, "new", EventFilter::default(), false, true).await;
+    assert_eq!(counted(&dry), [5, 4, 1, 0, 0, 0]);
+    assert!(
+        list(
+            s,
+            DeliveryFilter {
+                handler: Some("new".into()),
+                ..Default::default()
+            }
+        )
+        .await
+        .len()
+            == 1,
+        "a dry run writes nothing"
+    );
+    let done = replay_to(s, "new", EventFilter::default(), false, false).await;
+    assert_eq!(counted(&done), [5, 4, 1, 0, 0, 0]);
+    assert_eq!(
+        (done.first_event.as_deref(), done.last_event.as_deref()),
+        (Some("e1"), Some("e4"))
+    );
+    assert_eq!(done.by_type.get("order.paid"), Some(&4));
+    let lanes: std::collections::BTreeSet<i16> = [
+        lane_of(Some("k1"), ""),
+        lane_of(None, "e3"),
+        lane_of(Some("k2"), ""),
+    ]
+    .into();
+    assert_eq!(done.lanes, lanes);
+    for id in ["e1", "e5"] {
+        assert_eq!(
+            s.show_event(id).await.unwrap().unwrap().handlers,
+            ["h", "new"]
+        );
+    }
+    let new = list(
+        s,
+        DeliveryFilter {
+            handler: Some("new".into()),
+            ..Default::default()
+        },
+    )
+    .await;
+    for d in &new {
+        assert_eq!(
+            d.lane,
+            Some(lane_of(d.key.as_deref(), &d.event_id)),
+            "{}",
+            d.event_id
+        );
+    }
+    let sequence = |id: &str| new.iter().find(|d| d.event_id == id).unwrap().sequence;
+    assert!(sequence("e5") < sequence("e1") && sequence("e1") < sequence("e2"));
+    assert_eq!(sequence("e3"), None);
+
+    // A second replay makes nothing; nor does the application's republish of what it sent.
+    let again = replay_to(s, "new", EventFilter::default(), false, false).await;
+    assert_eq!(counted(&again), [5, 0, 5, 0, 0, 0]);
+    assert!(publish(s, &[order("e1", Some("k1"), &["h"])])
+        .await
+        .is_empty());
+
+    // `new` runs e5 before the replayed events of its key, then them in publish order.
+    let mut handled = vec![];
+    for _ in 0..3 {
+        let claimed = claim(s, &request("w1", &["new"])).await;
+        handled.push(events_of(&claimed));
+        let tokens: Vec<LeaseToken> = claimed.iter().map(|d| d.token.clone()).collect();
+        s.complete(&tokens, false).await.unwrap();
+    }
+    assert_eq!(handled, [vec!["e3", "e4", "e5"], vec!["e1"], vec!["e2"]]);
+    assert!(claim(s, &request("w1", &["new"])).await.is_empty());
+    let delivered = replay_to(s, "new", EventFilter::default(), false, false).await;
+    assert_eq!(counted(&delivered), [5, 0, 0, 0, 0, 5]);
+}
+
+pub(crate) async fn a_replay_again_takes_only_events_without_a_live_delivery<S: Store>(s: &S) {
+    installed(s).await;
+    publish(s, &[order("gone", None, &["h"])]).await;
+    let claimed = claim(s, &request("w1", &["h"])).await;
+    s.complete(&[claimed[0].token.clone()], false)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let events_only = PurgeOptions {
+        completed_older_than: Some(Duration::ZERO),
+        dead_older_than: None,
+        batch: 10,
+    };
+    purge(s, &events_only, |_| {}).await.unwrap();
+    publish(
+        s,
+        &[
+            order("done", None, &["h"]),
+            order("dead", None, &["h"]),
+            order("later", None, &["h"]),
+            order("waiting", None, &["h"]),
+        ],
+    )
+    .await;
+    for d in claim(s, &request("w1", &["h"])).await {
+        match d.event_id.as_str() {
+            "done" => {
+                s.complete(&[d.token], false).await.unwrap();
+            }
+            "dead" => {
+                s.fail(&d.token, &Failure::Reject, "no").await.unwrap();
+            }
+            "later" => {
+                s.fail(&d.token, &retry(Duration::from_secs(3600), 5), "later")
+                    .await
+                    .unwrap();
+            }
+            _ => {}
+        }
+    }
+    let once = replay_to(s, "h", EventFilter::default(), false, false).await;
+    assert_eq!(counted(&once), [4, 0, 1, 1, 1, 1]);
+    let again = replay_to(s, "h", EventFilter::default(), true, false).await;
+    assert_eq!(counted(&again), [4, 1, 1, 1, 1, 0]);
+    assert_eq!(again.first_event.as_deref(), Some("done"));
+    assert_eq!(
+        rows(&list(s, DeliveryFilter::default()).await),
+        [
+            "dead h dead",
+            "later h pending",
+            "waiting h processing",
+            "done h pending"
+        ]
+    );
+    let replayed = list(
+        s,
+        DeliveryFilter {
+            event_id: Some("done".into()),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(replayed[0].attempts, 0);
+    assert_eq!(
+        s.show_event("done").await.unwrap().unwrap().handlers,
+        ["h"],
+        "a handler is named once"
+    );
+    let twice = replay_to(s, "h", EventFilter::default(), true, false).await;
+    assert_eq!(counted(&twice), [4, 0, 2, 1, 1, 0]);
+    assert!(
+        s.show_event("gone").await.unwrap().is_none(),
+        "purged events are not invented"
+    );
 }

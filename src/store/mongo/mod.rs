@@ -11,6 +11,7 @@ mod conn;
 mod controls;
 mod dispatch;
 mod doctor;
+mod history;
 mod json;
 mod keys;
 mod model;

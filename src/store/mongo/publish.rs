@@ -86,7 +86,7 @@ fn per_key<'a>(prepared: &'a [Prepared], fresh: &[Vec<usize>]) -> Vec<(&'a str, 
 
 /// Reserves each key's block of sequences and returns the first of each: a key's block ends
 /// at its counter.
-async fn reserve(
+pub(super) async fn reserve(
     db: &mongodb::Database,
     sequences: &mongodb::Collection<Document>,
     per_key: &[(&str, i64)],
@@ -167,13 +167,15 @@ fn writes(
         });
         for &i in f {
             let id = &p.delivery_ids[i];
-            w.deliveries.push(doc! {
-                "_id": id, "eventId": &p.event.id, "handler": &p.event.handlers[i],
-                "laneId": p.lane, "key": &p.event.key, "sequence": sequence,
-                "status": "pending", "attempts": 0, "claims": 0, "dueAt": now,
-                "lastError": Bson::Null, "createdAt": now, "updatedAt": now,
-                "completedAt": Bson::Null, "lane": READY,
-            });
+            w.deliveries.push(delivery(
+                id,
+                &p.event.id,
+                &p.event.handlers[i],
+                p.lane,
+                p.event.key.as_deref(),
+                sequence,
+                now,
+            ));
             w.published.push(PublishedDelivery {
                 event_id: p.event.id.clone(),
                 handler: p.event.handlers[i].clone(),
@@ -182,6 +184,24 @@ fn writes(
         }
     }
     w
+}
+
+/// A new delivery as a publish writes it: pending, due now, ready to be claimed.
+pub(super) fn delivery(
+    id: &str,
+    event_id: &str,
+    handler: &str,
+    lane: i32,
+    key: Option<&str>,
+    sequence: Option<i64>,
+    now: DateTime,
+) -> Document {
+    doc! {
+        "_id": id, "eventId": event_id, "handler": handler, "laneId": lane, "key": key,
+        "sequence": sequence, "status": "pending", "attempts": 0, "claims": 0, "dueAt": now,
+        "lastError": Bson::Null, "createdAt": now, "updatedAt": now, "completedAt": Bson::Null,
+        "lane": READY,
+    }
 }
 
 pub(super) fn bson_i64(value: &Bson) -> i64 {

@@ -29,7 +29,7 @@ const NOTHING_WRITTEN: &str = "could not publish the batch; nothing of it was wr
 /// inserted the event), a foreign key (the event was purged as it was extended) or a deadlock
 /// (two batches inserting shared ids in different orders). Nothing of the batch was written,
 /// and the next run sees the other publish's rows.
-fn lost_race(e: &tokio_postgres::Error) -> bool {
+pub(super) fn lost_race(e: &tokio_postgres::Error) -> bool {
     e.code().is_some_and(|c| {
         [
             SqlState::UNIQUE_VIOLATION,

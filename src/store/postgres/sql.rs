@@ -19,7 +19,7 @@ pub(crate) struct Sql {
 }
 
 /// Pieces of SQL that more than one statement holds, spliced where a statement names them.
-const FRAGMENTS: [(&str, &str); 2] = [
+const FRAGMENTS: [(&str, &str); 3] = [
     (
         "{{reserve_keys}}",
         include_str!(concat!(
@@ -32,6 +32,13 @@ const FRAGMENTS: [(&str, &str); 2] = [
         include_str!(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/sql/postgres/fragments/delete_completed.sql"
+        )),
+    ),
+    (
+        "{{event_filter}}",
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/sql/postgres/fragments/event_filter.sql"
         )),
     ),
 ];
@@ -156,6 +163,9 @@ statements! {
     list_completed => "admin/list_completed",
     show_delivery => "admin/show_delivery",
     show_event => "admin/show_event",
+    events => "admin/events",
+    count_events => "admin/count_events",
+    replay => "admin/replay",
     count_dead => "admin/count_dead",
     requeue => "admin/requeue",
     purge_count => "admin/purge_count",

@@ -3,6 +3,7 @@
 //! backed by an index of the 0.2 schema wherever its filters allow. They are sent unnamed and
 //! planned per call with their values, so a filter left out drops out of the plan.
 
+mod history;
 mod inspect;
 mod requeue;
 mod retention;
