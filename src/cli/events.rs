@@ -134,7 +134,7 @@ pub struct ReplayArgs {
     pub yes: bool,
     /// Events per transaction: each batch holds its events' and keys' row locks until it
     /// commits.
-    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(i64).range(1..=50_000))]
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(i64).range(1..=50_000))]
     pub batch_size: i64,
 }
 

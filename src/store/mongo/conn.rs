@@ -174,7 +174,7 @@ impl Connection {
         self.transaction_within(context, Duration::ZERO, body).await
     }
 
-    async fn transaction_within<T>(
+    pub(super) async fn transaction_within<T>(
         &self,
         context: &str,
         retry_for: Duration,

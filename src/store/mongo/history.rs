@@ -4,6 +4,7 @@
 //! events conflicts with it, and one of the two runs again on a fresh snapshot.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use mongodb::bson::{doc, Bson, DateTime, Document, Regex};
 
@@ -12,6 +13,11 @@ use super::publish::{delivery, reserve};
 use super::{MongoStore, DELIVERIES, EVENTS, KEY_SEQUENCES};
 use crate::store::lane::lane_of;
 use crate::store::{EventFilter, EventPosition, EventRow, History, Result, TargetState};
+
+/// How long a replay batch runs again after write conflicts: longer than a server keeps the
+/// transaction of a client that died in one (`transactionLifetimeLimitSeconds`, 60 s by
+/// default), such as a replay killed halfway, whose rerun must wait for it.
+const CONFLICTS_FOR: Duration = Duration::from_secs(90);
 
 /// A type pattern as a regular expression: `*` for any text, everything else literal.
 fn pattern(glob: &str) -> Bson {
@@ -80,6 +86,21 @@ fn target(delivery: &Document, now: DateTime) -> TargetState {
     }
 }
 
+/// An event as listed, without its delivery's state.
+fn row(e: &Document) -> EventRow {
+    EventRow {
+        id: e.get_str("_id").unwrap_or_default().to_owned(),
+        event_type: e.get_str("type").unwrap_or_default().to_owned(),
+        key: e.get_str("key").ok().map(str::to_owned),
+        created_at: e
+            .get_datetime("createdAt")
+            .map(|t| chrono(*t))
+            .unwrap_or_default(),
+        handlers: handlers(e),
+        target: TargetState::Absent,
+    }
+}
+
 fn handlers(event: &Document) -> Vec<String> {
     event
         .get_array("handlers")
@@ -109,29 +130,35 @@ impl History for MongoStore {
     ) -> Result<Vec<EventRow>> {
         let failed = self.conn.error("could not list the events");
         let events = self.conn.collection(&self.name(EVENTS)).await?;
-        let cursor = events
-            .find(query(filter))
-            .sort(doc! { "createdAt": 1, "_id": 1 })
-            .limit(limit)
-            .projection(doc! { "type": 1, "key": 1, "createdAt": 1, "handlers": 1 })
-            .await
-            .map_err(&failed)?;
-        let mut rows: Vec<EventRow> = all(cursor)
-            .await
-            .map_err(&failed)?
-            .iter()
-            .map(|e| EventRow {
-                id: e.get_str("_id").unwrap_or_default().to_owned(),
-                event_type: e.get_str("type").unwrap_or_default().to_owned(),
-                key: e.get_str("key").ok().map(str::to_owned),
-                created_at: e
-                    .get_datetime("createdAt")
-                    .map(|t| chrono(*t))
-                    .unwrap_or_default(),
-                handlers: handlers(e),
-                target: TargetState::Absent,
-            })
-            .collect();
+        let find = |query: Document, limit: Option<i64>| {
+            let (events, failed) = (&events, &failed);
+            async move {
+                let cursor = events
+                    .find(query)
+                    .sort(doc! { "createdAt": 1 })
+                    .limit(limit.unwrap_or(0))
+                    .projection(doc! { "type": 1, "key": 1, "createdAt": 1, "handlers": 1 })
+                    .await
+                    .map_err(failed)?;
+                let found: Vec<EventRow> =
+                    all(cursor).await.map_err(failed)?.iter().map(row).collect();
+                Ok::<_, crate::store::StoreError>(found)
+            }
+        };
+        // The creation-time index gives the order of times, not of ids within one time: the
+        // page is read in time order, then the events of its last time are read whole, and
+        // the page is put in id order within each time in memory. Reading by (createdAt, _id)
+        // would sort every event from the bound on.
+        let mut rows = find(query(filter), Some(limit)).await?;
+        if rows.len() as i64 == limit {
+            let last = rows.last().map(|r| r.created_at).unwrap_or_default();
+            rows.retain(|r| r.created_at < last);
+            let at = DateTime::from_millis(last.timestamp_millis());
+            let group = doc! { "$and": [query(filter), { "createdAt": at }] };
+            rows.extend(find(group, None).await?);
+        }
+        rows.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        rows.truncate(limit as usize);
         let Some(handler) = handler.filter(|_| !rows.is_empty()) else {
             return Ok(rows);
         };
@@ -169,8 +196,9 @@ impl History for MongoStore {
         // Chosen once, for every run of the transaction.
         let delivery_ids: Vec<String> = events.iter().map(|_| crate::store::new_id()).collect();
         self.conn
-            .transaction(
+            .transaction_within(
                 "could not replay the batch; nothing of it was written",
+                CONFLICTS_FOR,
                 async move |s| {
                     let handler = handler.as_str();
                     let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
