@@ -64,6 +64,9 @@ _relaybus() {
             relaybus,upgrade)
                 cmd="relaybus__subcmd__upgrade"
                 ;;
+            relaybus,workers)
+                cmd="relaybus__subcmd__workers"
+                ;;
             relaybus__subcmd__dead,help)
                 cmd="relaybus__subcmd__dead__subcmd__help"
                 ;;
@@ -208,6 +211,9 @@ _relaybus() {
             relaybus__subcmd__help,upgrade)
                 cmd="relaybus__subcmd__help__subcmd__upgrade"
                 ;;
+            relaybus__subcmd__help,workers)
+                cmd="relaybus__subcmd__help__subcmd__workers"
+                ;;
             relaybus__subcmd__help__subcmd__dead,list)
                 cmd="relaybus__subcmd__help__subcmd__dead__subcmd__list"
                 ;;
@@ -251,7 +257,7 @@ _relaybus() {
 
     case "${cmd}" in
         relaybus)
-            opts="-h -V --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version setup upgrade completions schema-sql publish run deliveries events dead purge lanes stats handlers doctor bench help"
+            opts="-h -V --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version setup upgrade completions schema-sql publish run deliveries events dead purge lanes workers stats handlers doctor bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1287,7 +1293,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__help)
-            opts="setup upgrade completions schema-sql publish run deliveries events dead purge lanes stats handlers doctor bench help"
+            opts="setup upgrade completions schema-sql publish run deliveries events dead purge lanes workers stats handlers doctor bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1692,6 +1698,20 @@ _relaybus() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        relaybus__subcmd__help__subcmd__workers)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         relaybus__subcmd__lanes)
             opts="-h -V --all --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
@@ -2070,6 +2090,36 @@ _relaybus() {
                     return 0
                     ;;
                 --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__workers)
+            opts="-h -V --lock-timeout --database-url --schema --prefix --json --no-prepared-statements --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --lock-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -1334,3 +1334,17 @@ fn a_replay_killed_halfway_and_run_again_delivers_each_event_once_in_key_order()
         1000,
     );
 }
+
+#[test]
+fn a_worker_shows_its_host_process_lanes_and_expired_leases() {
+    let m = TestMongo::installed("mongo_workers");
+    crate::common::workers::a_worker_shows_its_host_process_lanes_and_expired_leases(
+        &|events| publish(&m, events),
+        &|args| spawn_worker(&m, args),
+        &|| {
+            let out = m.cmd().args(["--json", "workers"]).output().unwrap();
+            assert!(out.status.success(), "{}", stderr(&out));
+            serde_json::from_slice(&out.stdout).unwrap()
+        },
+    );
+}

@@ -844,3 +844,17 @@ fn a_replay_killed_halfway_and_run_again_delivers_each_event_once_in_key_order()
         5000,
     );
 }
+
+#[test]
+fn a_worker_shows_its_host_process_lanes_and_expired_leases() {
+    let s = TestSchema::installed("run_workers");
+    crate::common::workers::a_worker_shows_its_host_process_lanes_and_expired_leases(
+        &|events| s.publish(events),
+        &|args| spawn_worker(&s, args),
+        &|| {
+            let out = s.cmd().args(["--json", "workers"]).output().unwrap();
+            assert!(out.status.success(), "{}", stderr(&out));
+            serde_json::from_slice(&out.stdout).unwrap()
+        },
+    );
+}

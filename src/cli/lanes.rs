@@ -1,4 +1,5 @@
-//! `relaybus lanes` and `relaybus stats`: who holds what, and how far behind each handler is.
+//! `relaybus lanes`, `relaybus workers` and `relaybus stats`: who holds what, and how far
+//! behind each handler is.
 
 use std::process::ExitCode;
 
@@ -10,7 +11,7 @@ use super::output::{age, time, when};
 use super::{GlobalArgs, Output};
 use crate::store::controls::Breaker;
 use crate::store::prelude::*;
-use crate::store::{HandlerStats, StoreOptions};
+use crate::store::{HandlerStats, LaneRow, StoreOptions};
 
 /// Show the 256 lanes: owner, epoch, lease, in flight, pending, oldest due.
 ///
@@ -20,6 +21,103 @@ pub struct LanesArgs {
     /// Show every lane.
     #[arg(long)]
     pub all: bool,
+}
+
+/// Every worker that holds lanes: host, process, lanes, in flight, lease end.
+///
+/// A worker whose leases have expired has stopped renewing them: it is
+/// dead or stuck, and another worker takes its lanes over.
+///
+///   relaybus workers
+///   relaybus workers --json
+#[derive(Debug, Args)]
+#[command(verbatim_doc_comment)]
+pub struct WorkersArgs {}
+
+/// One worker as `relaybus workers` shows it, from the lanes it holds.
+#[derive(Debug, serde::Serialize, PartialEq)]
+struct Worker {
+    /// The worker's name: `host:pid:random` for `relaybus run`.
+    owner: String,
+    /// The host and process its name gives; none for a name another client chose.
+    host: Option<String>,
+    pid: Option<u32>,
+    lanes: usize,
+    in_flight: i64,
+    /// The earliest end of its lanes' leases.
+    lease_expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Lanes whose lease has ended.
+    expired_lanes: usize,
+}
+
+/// The workers holding the lanes, by name.
+fn workers(lanes: &[LaneRow]) -> Vec<Worker> {
+    let mut by_owner: std::collections::BTreeMap<&str, Worker> = Default::default();
+    for l in lanes {
+        let Some(owner) = l.owner.as_deref() else {
+            continue;
+        };
+        let w = by_owner.entry(owner).or_insert_with(|| {
+            let (host, pid) = crate::dispatch::worker_host_and_pid(owner).unzip();
+            Worker {
+                owner: owner.to_owned(),
+                host: host.map(str::to_owned),
+                pid,
+                lanes: 0,
+                in_flight: 0,
+                lease_expires_at: None,
+                expired_lanes: 0,
+            }
+        });
+        w.lanes += 1;
+        w.in_flight += l.in_flight;
+        w.expired_lanes += usize::from(l.expired);
+        w.lease_expires_at = match (w.lease_expires_at, l.lease_expires_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    by_owner.into_values().collect()
+}
+
+pub(super) async fn run_workers(g: &GlobalArgs, out: &Output, _: WorkersArgs) -> Result<ExitCode> {
+    let store = g.open(StoreOptions::admin())?;
+    store.require_current().await?;
+    let workers = workers(&store.lanes().await?);
+    if out.json {
+        out.print_json(&json!({ "workers": workers }))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if workers.is_empty() {
+        out.line("no worker holds a lane")?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rows: Vec<Vec<String>> = workers
+        .iter()
+        .map(|w| {
+            let until = w
+                .lease_expires_at
+                .map(time_of_day)
+                .unwrap_or_else(|| "-".into());
+            vec![
+                w.owner.clone(),
+                w.host.clone().unwrap_or_else(|| "-".into()),
+                w.pid.map_or_else(|| "-".into(), |p| p.to_string()),
+                w.lanes.to_string(),
+                w.in_flight.to_string(),
+                match w.expired_lanes {
+                    0 => until,
+                    n => format!("{until} ({n} expired)"),
+                },
+            ]
+        })
+        .collect();
+    out.table_wrapping(
+        &[0],
+        &["WORKER", "HOST", "PID", "LANES", "IN FLIGHT", "LEASE UNTIL"],
+        &rows,
+    )?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Per handler: its state (running, paused, or its circuit breaker open), due, scheduled,

@@ -30,7 +30,7 @@ use crate::store::{
     ClaimRequest, ClaimStats, ClaimedDelivery, LaneShare, LeaseToken, Store, WakeUp,
 };
 use complete::{Completer, Recorder, Running};
-pub use options::{hostname, worker_name, DispatchOptions, RetryPolicy};
+pub use options::{hostname, worker_host_and_pid, worker_name, DispatchOptions, RetryPolicy};
 pub use report::{Reporter, Summary};
 
 /// How the dispatcher is asked to stop: the first signal drains, the second cancels.

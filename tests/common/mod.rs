@@ -7,6 +7,7 @@ pub mod http;
 pub mod mongo;
 pub mod pgbouncer;
 pub mod replay;
+pub mod workers;
 
 use std::io::Read;
 use std::process::{Child, Command as StdCommand, Output, Stdio};

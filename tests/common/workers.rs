@@ -1,0 +1,74 @@
+//! `relaybus workers` on both engines: a running worker shows with its host, process, lanes and
+//! deliveries in flight; once it is killed, its leases show as expired.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::{finish, stderr, Spawned};
+
+/// `publish` writes events, `worker` starts `run`, `workers` runs `relaybus workers --json`.
+pub fn a_worker_shows_its_host_process_lanes_and_expired_leases(
+    publish: &dyn Fn(&[Value]),
+    worker: &dyn Fn(&[&str]) -> Spawned,
+    workers: &dyn Fn() -> Value,
+) {
+    assert_eq!(workers(), json!({"workers": []}));
+    let lane = |id: &str| relaybus::store::lane::lane_of(None, id);
+    assert_ne!(lane("w1"), lane("w2"), "two lanes");
+    publish(&[
+        json!({"id": "w1", "type": "t", "handlers": ["h"]}),
+        json!({"id": "w2", "type": "t", "handlers": ["h"]}),
+    ]);
+    let w = worker(&[
+        "--handler",
+        "h",
+        "--exec",
+        "sleep 60",
+        "--lease-duration",
+        "2s",
+        "--poll-interval",
+        "100ms",
+    ]);
+    let start = std::time::Instant::now();
+    let shown = loop {
+        let shown = workers();
+        if shown["workers"][0]["in_flight"] == 2 {
+            break shown;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "{shown}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let one = &shown["workers"][0];
+    assert_eq!(shown["workers"].as_array().unwrap().len(), 1, "{shown}");
+    assert_eq!(
+        (
+            &one["host"],
+            &one["pid"],
+            &one["lanes"],
+            &one["expired_lanes"]
+        ),
+        (
+            &json!(relaybus::dispatch::hostname()),
+            &json!(w.id()),
+            &json!(2),
+            &json!(0)
+        ),
+        "{shown}"
+    );
+    let owner = one["owner"].as_str().unwrap();
+    assert!(owner.starts_with(&format!("{}:{}:", relaybus::dispatch::hostname(), w.id())));
+    super::signal(&w, nix::sys::signal::Signal::SIGKILL);
+    let out = finish(w, Duration::from_secs(10));
+    assert!(!out.status.success(), "{}", stderr(&out));
+    std::thread::sleep(Duration::from_millis(2500));
+    let dead = workers();
+    assert_eq!(
+        (
+            &dead["workers"][0]["owner"],
+            &dead["workers"][0]["expired_lanes"]
+        ),
+        (&json!(owner), &json!(2)),
+        "{dead}"
+    );
+}
