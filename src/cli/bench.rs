@@ -159,7 +159,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, a: BenchArgs) -> Result<Ex
         .count();
     if invalid > 0 {
         eprintln!("{invalid} sample(s) failed the exactness check");
-        return Ok(ExitCode::from(1));
+        return Ok(ExitCode::from(super::exit::FAILURE));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -7,7 +7,7 @@ use clap::Args;
 use serde_json::json;
 
 use super::{GlobalArgs, Output};
-use crate::store::doctor::{examine, exit_code, fix_script, Verdict};
+use crate::store::doctor::{examine, fix_script, Verdict};
 use crate::store::prelude::*;
 use crate::store::StoreOptions;
 
@@ -83,5 +83,12 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DoctorArgs) -> Resul
             checks.len()
         ))?;
     }
-    Ok(ExitCode::from(exit_code(&checks)))
+    // 0 all ok, 3 warnings only, 1 a failure.
+    Ok(ExitCode::from(
+        match checks.iter().map(|c| c.verdict).max() {
+            Some(Verdict::Fail) => super::exit::FAILURE,
+            Some(Verdict::Warn) => super::exit::WARNINGS,
+            _ => 0,
+        },
+    ))
 }

@@ -450,7 +450,7 @@ async fn replay_events<S: Store>(store: &S, out: &Output, a: ReplayArgs) -> Resu
                 String::new()
             }
         );
-        return Ok(ExitCode::from(130));
+        return Ok(ExitCode::from(super::exit::INTERRUPTED));
     }
     Ok(ExitCode::SUCCESS)
 }

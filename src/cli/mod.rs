@@ -42,7 +42,7 @@ pub use output::Output;
 /// found the schema not current, or `doctor` a failing check), 2 usage error (also those found
 /// after parsing, and a destructive command without a terminal and without --yes), 3 `doctor`
 /// found warnings only, 69 no server answered at the URL, 130 or 143 `run` stopped by a second
-/// SIGINT or SIGTERM.
+/// SIGINT or SIGTERM, 130 `events replay` stopped by SIGINT.
 #[derive(Debug, Parser)]
 #[command(
     name = "relaybus",
@@ -221,6 +221,8 @@ pub mod exit {
     pub const WARNINGS: u8 = 3;
     /// No server answered at the URL (sysexits' EX_UNAVAILABLE).
     pub const UNAVAILABLE: u8 = 69;
+    /// Stopped by SIGINT (128 + its number): `events replay` after the batch in hand.
+    pub const INTERRUPTED: u8 = 130;
 }
 
 /// No server answered: the store's error with what to check, named as the user gave the URL.

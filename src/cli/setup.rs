@@ -57,7 +57,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: SetupArgs) -> Result
                 status.describe(),
                 status.advice()
             );
-            return Ok(ExitCode::from(1));
+            return Ok(ExitCode::from(super::exit::FAILURE));
         }
         return Ok(ExitCode::SUCCESS);
     }

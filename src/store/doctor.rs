@@ -230,15 +230,6 @@ fn lease_check(lanes: Vec<LaneRow>) -> Check {
     }
 }
 
-/// What `doctor` exits with: 0 all ok, 3 warnings only, 1 a failure.
-pub fn exit_code(checks: &[Check]) -> u8 {
-    match checks.iter().map(|c| c.verdict).max() {
-        Some(Verdict::Fail) => 1,
-        Some(Verdict::Warn) => 3,
-        _ => 0,
-    }
-}
-
 /// The repairs of every finding, as one script for the engine's own tool: SQL for `psql`, or a
 /// `mongosh` script.
 pub fn fix_script(engine: Engine, ns: &Namespace, checks: &[Check]) -> String {
