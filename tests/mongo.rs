@@ -1348,3 +1348,49 @@ fn a_worker_shows_its_host_process_lanes_and_expired_leases() {
         },
     );
 }
+
+/// As on PostgreSQL (`replay::again_makes_a_completed_row_kept_from_0_1_the_new_delivery`).
+#[test]
+fn again_makes_a_completed_delivery_kept_from_0_1_the_new_delivery() {
+    let m = TestMongo::installed("mongo_replay_kept_0_1");
+    publish(
+        &m,
+        &[json!({"id": "e1", "type": "t", "key": "k1", "handlers": ["billing"]})],
+    );
+    let kept = doc! { "$set": { "status": "completed", "attempts": 2, "completedAt": mongodb::bson::DateTime::now() } };
+    crate::common::block_on(async {
+        m.collection("deliveries")
+            .update_one(doc! { "eventId": "e1" }, kept)
+            .await
+    })
+    .unwrap();
+    let replay = |again: &[&str]| -> Value {
+        let out = m
+            .cmd()
+            .args([
+                "--json",
+                "events",
+                "replay",
+                "--handler",
+                "billing",
+                "--yes",
+            ])
+            .args(again)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    assert_eq!(replay(&[])["skipped"]["delivered"], 1);
+    assert_eq!(replay(&["--again"])["replayed"], 1);
+    let left = m.find("deliveries", doc! { "eventId": "e1" });
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(
+        (
+            left[0].get_str("status"),
+            left[0].get_i32("attempts"),
+            left[0].get_i64("sequence")
+        ),
+        (Ok("pending"), Ok(0), Ok(2))
+    );
+}

@@ -162,3 +162,52 @@ fn events_are_listed_a_page_at_a_time_with_the_filters_of_replay() {
         stderr(&out)
     );
 }
+
+/// A completed delivery kept from 0.1 is a delivery that completed: skipped without --again,
+/// and with it made the new delivery in place (the event and handler keep one row).
+#[test]
+fn again_makes_a_completed_row_kept_from_0_1_the_new_delivery() {
+    let s = store_with_events("replay_kept_0_1");
+    let deliveries = s.table("deliveries");
+    s.exec(&format!(
+        "UPDATE {deliveries} SET status = 'completed', completed_at = now(), attempts = 2 \
+          WHERE event_id = 'e1'"
+    ));
+    let replay = |again: &[&str]| -> Value {
+        let out = s
+            .cmd()
+            .args([
+                "--json",
+                "events",
+                "replay",
+                "--handler",
+                "billing",
+                "--key",
+                "k1",
+                "--yes",
+            ])
+            .args(again)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let once = replay(&[]);
+    assert_eq!(
+        (&once["replayed"], &once["skipped"]),
+        (
+            &json!(0),
+            &json!({"pending": 1, "scheduled": 0, "dead": 0, "delivered": 1})
+        )
+    );
+    let again = replay(&["--again"]);
+    assert_eq!(
+        (&again["replayed"], &again["first_event"]),
+        (&json!(1), &json!("e1"))
+    );
+    let rows = s.rows(&format!(
+        "SELECT status || ' ' || attempts || ' ' || (completed_at IS NULL) || ' ' || \
+                (sequence > 2) FROM {deliveries} WHERE event_id = 'e1'"
+    ));
+    assert_eq!(rows, ["pending 0 true true"]);
+}
