@@ -287,7 +287,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__bench)
-            opts="-y -h -V --cell --list --samples --warmup --window --compare --out --no-floor --backlog --yes --schema --lock-timeout --database-url --prefix --json --no-prepared-statements --help --version publish dispatch mixed"
+            opts="-y -h -V --cell --list --samples --warmup --window --compare --out --no-floor --sample-limit --backlog --yes --schema --lock-timeout --database-url --prefix --json --no-prepared-statements --help --version publish dispatch mixed"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -314,6 +314,10 @@ _relaybus() {
                     return 0
                     ;;
                 --out)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --sample-limit)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

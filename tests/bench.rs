@@ -246,3 +246,56 @@ fn a_server_holding_a_store_with_deliveries_is_not_benchmarked_without_yes() {
     assert!(err.contains(&s.name), "{err}");
     assert!(err.ends_with("Run it here? Not confirmed: standard input is not a terminal; rerun with --yes to proceed\n"), "{err}");
 }
+
+/// A server too slow for a cell does not keep the bench: the sample is reported as beyond
+/// `--sample-limit`, its floor is not run, and the bench ends (exit 1, as for an inexact
+/// sample). The test server loads the
+/// default backlog (10,000 events and their deliveries) in well over 3 s.
+#[test]
+fn a_sample_beyond_its_limit_is_reported_and_the_bench_goes_on() {
+    let server = crate::common::mongo::OwnServer::start(&[]);
+    let started = std::time::Instant::now();
+    let o = crate::common::relaybus()
+        .timeout(Duration::from_secs(120))
+        .env("RELAYBUS_DATABASE_URL", server.url(""))
+        .args([
+            "bench",
+            "--cell",
+            "disp-1i-defaults",
+            "--sample-limit",
+            "3s",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    // A sample that measured nothing fails the run, as an inexact one does.
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let samples: Vec<Value> = serde_json::from_str(&stdout(&o)).unwrap();
+    let s = &samples[0];
+    assert_eq!(
+        (
+            &s["exactness"]["valid"],
+            &s["floor_throughput"],
+            &s["units"]
+        ),
+        (&Value::Bool(false), &Value::Null, &serde_json::json!(0)),
+        "{s}"
+    );
+    assert_eq!(
+        s["exactness"]["problems"][0],
+        "could not be measured within --sample-limit 3s on this server (loading the store, \
+         the warm-up, the window and the checks took longer): give a longer --sample-limit, a \
+         smaller --backlog or a faster server",
+    );
+    // The sample's store is dropped once the limit passed; nothing else waits.
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -23,7 +23,7 @@ pub struct Exactness {
 }
 
 impl Exactness {
-    fn new(dead: i64, ran_out: bool) -> Self {
+    pub(super) fn new(dead: i64, ran_out: bool) -> Self {
         Self {
             valid: true,
             lost: 0,

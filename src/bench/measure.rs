@@ -20,6 +20,25 @@ pub(super) struct Measured {
     pub(super) latency: Option<Latency>,
 }
 
+impl Measured {
+    /// A sample that did not end within the limit: nothing of it counts.
+    pub(super) fn beyond(limit: Duration) -> Self {
+        let mut exactness = Exactness::new(0, false);
+        exactness.refuse(&format!(
+            "could not be measured within --sample-limit {} on this server (loading the store, \
+             the warm-up, the window and the checks took longer): give a longer --sample-limit, \
+             a smaller --backlog or a faster server",
+            humantime::format_duration(limit)
+        ));
+        Self {
+            reports: vec![],
+            counters: ServerCounters::default(),
+            exactness: Some(exactness),
+            latency: None,
+        }
+    }
+}
+
 /// Workers' statistics reach the server when they exit; this much later they are all in.
 const SETTLE: Duration = Duration::from_millis(600);
 
@@ -96,7 +115,10 @@ impl Coordinator {
         };
         if measured.reports.iter().map(|r| r.units_window).sum::<u64>() == 0 {
             if let Some(e) = measured.exactness.as_mut() {
-                e.refuse("nothing was measured inside the window");
+                e.refuse(
+                    "nothing was measured inside the window (on a slow server, give a longer \
+                     --window)",
+                );
             }
         }
         Ok(measured)
@@ -246,9 +268,31 @@ impl Coordinator {
 
     /// The raw floor of a cell: its units per second with the plainest statements, run by this
     /// binary whichever is under test.
-    pub(super) async fn floor(&mut self, cell: Cell) -> Result<f64, Error> {
+    /// None when it did not end within the sample limit.
+    pub(super) async fn floor(&mut self, cell: Cell) -> Result<Option<f64>, Error> {
         let own = std::env::current_exe()?;
         let sample = self.fresh_store(&own).await?;
+        let limit = self.opts.sample_limit;
+        let run = tokio::time::timeout(limit, self.floor_run(cell, &own, &sample)).await;
+        sample.store.drop_namespace().await?;
+        match run {
+            Ok(throughput) => throughput.map(Some),
+            Err(_) => {
+                eprintln!(
+                    "{cell}: the floor did not end within --sample-limit {}",
+                    humantime::format_duration(limit)
+                );
+                Ok(None)
+            }
+        }
+    }
+
+    async fn floor_run(
+        &mut self,
+        cell: Cell,
+        own: &std::path::Path,
+        sample: &SampleStore,
+    ) -> Result<f64, Error> {
         let plans: Vec<WorkerPlan> = match cell {
             Cell::Publish {
                 publishers,
@@ -257,7 +301,7 @@ impl Coordinator {
                 keys,
             } => self.publishers(
                 Role::FloorPublish,
-                &sample,
+                sample,
                 publishers,
                 batch,
                 handlers,
@@ -282,8 +326,7 @@ impl Coordinator {
             }
             Cell::Mixed { .. } => vec![],
         };
-        let reports = self.workers(&own, plans).await;
-        sample.store.drop_namespace().await?;
+        let reports = self.workers(own, plans).await;
         let window = self.opts.window.as_micros() as f64;
         Ok(reports?
             .iter()

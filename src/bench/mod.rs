@@ -24,6 +24,7 @@ use serde::Serialize;
 
 use cells::Cell;
 pub use exactness::Exactness;
+use measure::Measured;
 use worker::{StoreTarget, WorkerPlan, WorkerReport};
 
 use crate::store::bench::{BenchStore, ServerCounters};
@@ -49,6 +50,9 @@ pub struct BenchOptions {
     pub prefix: String,
     pub prepared_statements: bool,
     pub floor: bool,
+    /// The longest a sample's measurement, and a floor run, may take (store, preload, window,
+    /// checks): on a server too slow for the cell it is reported as beyond it, not waited for.
+    pub sample_limit: Duration,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -305,9 +309,13 @@ impl Coordinator {
         let spin_ms = spin();
         let measured = loop {
             let sample = self.fresh_store(binary).await?;
-            let result = self.measure(cell, binary, &sample).await;
+            let limit = self.opts.sample_limit;
+            let result = tokio::time::timeout(limit, self.measure(cell, binary, &sample)).await;
             sample.store.drop_namespace().await?;
-            let measured = result?;
+            let measured = match result {
+                Ok(measured) => measured?,
+                Err(_) => Measured::beyond(limit),
+            };
             match &measured.exactness {
                 Some(e) if e.ran_out && self.backlog_scale < 16.0 => {
                     self.backlog_scale *= 2.0;
@@ -328,11 +336,13 @@ impl Coordinator {
             .flat_map(|r| r.latencies_us.iter().copied())
             .collect();
         calls.sort_unstable();
-        let floor_throughput = if self.opts.floor && !matches!(cell, Cell::Mixed { .. }) {
-            Some(self.floor(cell).await?)
-        } else {
-            None
-        };
+        // A cell that measured nothing here gets no floor either: its sample says why.
+        let floor_throughput =
+            if self.opts.floor && units_window > 0 && !matches!(cell, Cell::Mixed { .. }) {
+                self.floor(cell).await?
+            } else {
+                None
+            };
         Ok(Sample {
             cell: cell.to_string(),
             scenario: cell.scenario(),

@@ -66,6 +66,11 @@ pub struct BenchArgs {
     /// Skip the raw-SQL floor runs.
     #[arg(long)]
     pub no_floor: bool,
+    /// The longest one sample (and one floor run) may take, from creating its store to its
+    /// checks: on a server too slow for a cell, the sample is reported as beyond it and the
+    /// bench goes on.
+    #[arg(long, default_value = "2m", value_parser = within(Bounds::POSITIVE_UP_TO_A_DAY), value_name = "DURATION")]
+    pub sample_limit: Duration,
     /// Events preloaded for each dispatch and floor sample (default: more than the cell's
     /// configuration can take in the warm-up and window, at least 10,000). A backlog that runs
     /// out inside the window is doubled and the sample measured again.
@@ -249,6 +254,7 @@ fn options(g: &GlobalArgs, a: &BenchArgs, cells: &[Cell]) -> Result<BenchOptions
         prefix: g.namespace()?.prefix().to_owned(),
         prepared_statements: !g.no_prepared_statements,
         floor: !a.no_floor,
+        sample_limit: a.sample_limit,
     })
 }
 
