@@ -21,5 +21,6 @@ mod publish_sql;
 mod replay;
 mod rolling;
 mod run;
+mod scenarios;
 mod schema;
 mod sql_handler;

@@ -12,9 +12,7 @@ use relaybus::store::prelude::*;
 use relaybus::store::{ClaimRequest, EventLimits, NewEvent, StoreOptions};
 use serde_json::{json, Value};
 
-use crate::common::drain::{
-    a_dead_worker_s_lane_with_nothing_due_is_let_go, three_workers_drain_exactly_once,
-};
+use crate::common::drain::three_workers_drain_exactly_once;
 use crate::common::http::serve;
 use crate::common::mongo::{mongo_url, OwnServer, TestMongo};
 use crate::common::{
@@ -246,17 +244,6 @@ fn publish(m: &TestMongo, events: &[Value]) {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-}
-
-#[test]
-fn a_dead_worker_s_lane_with_nothing_due_is_taken_over_by_a_running_worker() {
-    let m = TestMongo::installed("mongo_dead_lane");
-    let dead = m.store(StoreOptions::worker(1));
-    a_dead_worker_s_lane_with_nothing_due_is_let_go(
-        &|events| publish(&m, events),
-        &dead,
-        &|args| spawn_worker(&m, args),
-    );
 }
 
 #[test]
@@ -1249,34 +1236,6 @@ fn connection_failures_say_what_failed_in_one_sentence() {
     );
 }
 
-#[test]
-fn a_pause_holds_one_handler_and_a_resume_drains_it() {
-    let m = TestMongo::installed("mongo_pause");
-    crate::common::controls::a_pause_holds_one_handler_and_a_resume_drains_it(
-        &|| m.cmd(),
-        &|args| spawn_worker(&m, args),
-        60,
-    );
-}
-
-#[test]
-fn a_failing_endpoint_opens_the_breaker_and_every_delivery_arrives_once() {
-    let m = TestMongo::installed("mongo_breaker");
-    crate::common::controls::a_failing_endpoint_opens_the_breaker_and_every_delivery_arrives_once(
-        &|| m.cmd(),
-        &|args| spawn_worker(&m, args),
-    );
-}
-
-#[test]
-fn an_operator_closes_a_breaker_that_every_worker_saw_open() {
-    let m = TestMongo::installed("mongo_close_breaker");
-    crate::common::controls::an_operator_closes_a_breaker_that_every_worker_saw_open(
-        &|| m.cmd(),
-        &|args| spawn_worker(&m, args),
-    );
-}
-
 /// On MongoDB, on a server of its own: 10,000 events published beside the other tests' load
 /// made the shared test server fail a publish with an internal error.
 #[test]
@@ -1316,36 +1275,6 @@ fn a_killed_worker_s_deliveries_run_beside_a_busy_survivor_within_the_lease() {
                 .into()
         },
         10_000,
-    );
-}
-
-/// 1,000 events where PostgreSQL has 5,000: the test server drains keyed deliveries beside a
-/// backlog at about 15 a second.
-#[test]
-fn a_replay_killed_halfway_and_run_again_delivers_each_event_once_in_key_order() {
-    let m = TestMongo::installed("mongo_replay");
-    let store = m.store(StoreOptions::admin());
-    crate::common::replay::a_replay_killed_halfway_and_run_again_delivers_each_event_once_in_key_order(
-        &crate::common::replay::Target {
-            url: &mongo_url(),
-            schema: &m.name,
-            store: &store,
-        },
-        1000,
-    );
-}
-
-#[test]
-fn a_worker_shows_its_host_process_lanes_and_expired_leases() {
-    let m = TestMongo::installed("mongo_workers");
-    crate::common::workers::a_worker_shows_its_host_process_lanes_and_expired_leases(
-        &|events| publish(&m, events),
-        &|args| spawn_worker(&m, args),
-        &|| {
-            let out = m.cmd().args(["--json", "workers"]).output().unwrap();
-            assert!(out.status.success(), "{}", stderr(&out));
-            serde_json::from_slice(&out.stdout).unwrap()
-        },
     );
 }
 

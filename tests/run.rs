@@ -9,9 +9,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use crate::common::cluster::TestCluster;
-use crate::common::drain::{
-    a_dead_worker_s_lane_with_nothing_due_is_let_go, three_workers_drain_exactly_once,
-};
+use crate::common::drain::three_workers_drain_exactly_once;
 use crate::common::http::serve;
 use crate::common::{
     finish, reads_of, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, TestSchema,
@@ -73,15 +71,6 @@ fn three_workers_handle_3000_deliveries_exactly_once_in_key_order() {
         )),
         0
     );
-}
-
-#[test]
-fn a_dead_worker_s_lane_with_nothing_due_is_taken_over_by_a_running_worker() {
-    let s = TestSchema::installed("run_dead_lane");
-    let dead = crate::common::open_store(&s, relaybus::store::StoreOptions::worker(1));
-    a_dead_worker_s_lane_with_nothing_due_is_let_go(&|events| s.publish(events), &dead, &|args| {
-        spawn_worker(&s, args)
-    });
 }
 
 /// On a server of its own: a long transaction anywhere on a server (another test's, in another
@@ -792,34 +781,6 @@ fn json_logs_keep_numbers_and_relaybus_log_filters_them() {
     );
 }
 
-#[test]
-fn a_pause_holds_one_handler_and_a_resume_drains_it() {
-    let s = TestSchema::installed("run_pause");
-    crate::common::controls::a_pause_holds_one_handler_and_a_resume_drains_it(
-        &|| s.cmd(),
-        &|args| spawn_worker(&s, args),
-        300,
-    );
-}
-
-#[test]
-fn a_failing_endpoint_opens_the_breaker_and_every_delivery_arrives_once() {
-    let s = TestSchema::installed("run_breaker");
-    crate::common::controls::a_failing_endpoint_opens_the_breaker_and_every_delivery_arrives_once(
-        &|| s.cmd(),
-        &|args| spawn_worker(&s, args),
-    );
-}
-
-#[test]
-fn an_operator_closes_a_breaker_that_every_worker_saw_open() {
-    let s = TestSchema::installed("run_close_breaker");
-    crate::common::controls::an_operator_closes_a_breaker_that_every_worker_saw_open(
-        &|| s.cmd(),
-        &|args| spawn_worker(&s, args),
-    );
-}
-
 /// On PostgreSQL: see `a_killed_worker_s_deliveries_run_beside_a_busy_survivor_within_the_lease`.
 #[test]
 fn a_killed_worker_s_deliveries_run_beside_a_busy_survivor_within_the_lease() {
@@ -828,33 +789,5 @@ fn a_killed_worker_s_deliveries_run_beside_a_busy_survivor_within_the_lease() {
         &|events| s.publish(events),
         &|args| spawn_worker(&s, args),
         10_000,
-    );
-}
-
-#[test]
-fn a_replay_killed_halfway_and_run_again_delivers_each_event_once_in_key_order() {
-    let s = TestSchema::installed("run_replay");
-    let store = crate::common::open_store(&s, relaybus::store::StoreOptions::admin());
-    crate::common::replay::a_replay_killed_halfway_and_run_again_delivers_each_event_once_in_key_order(
-        &crate::common::replay::Target {
-            url: &s.url,
-            schema: &s.name,
-            store: &store,
-        },
-        5000,
-    );
-}
-
-#[test]
-fn a_worker_shows_its_host_process_lanes_and_expired_leases() {
-    let s = TestSchema::installed("run_workers");
-    crate::common::workers::a_worker_shows_its_host_process_lanes_and_expired_leases(
-        &|events| s.publish(events),
-        &|args| spawn_worker(&s, args),
-        &|| {
-            let out = s.cmd().args(["--json", "workers"]).output().unwrap();
-            assert!(out.status.success(), "{}", stderr(&out));
-            serde_json::from_slice(&out.stdout).unwrap()
-        },
     );
 }

@@ -1,12 +1,12 @@
 //! Pause and resume, and the webhook circuit breaker, through the real binary: both engines
-//! run these stories. `cmd` is the binary pointed at the store; `worker` starts `run` with
-//! arguments.
+//! run these stories (`tests/scenarios.rs`).
 
 use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
 use serde_json::{json, Value};
 
+use super::scenario::Target;
 use super::{finish, http, signal, stderr, stdout, wait_until, Spawned};
 
 fn publish(cmd: &dyn Fn() -> Command, handler: &str, events: usize) {
@@ -61,11 +61,9 @@ fn handled(log: &std::path::Path, handler: &str) -> Vec<String> {
 /// A worker runs `paused` and `flowing`; `paused` is paused while both have work: within a
 /// second its deliveries stop being claimed, `flowing` keeps going, and no attempt is charged.
 /// Resumed, it drains: every event handled once, at its first attempt.
-pub fn a_pause_holds_one_handler_and_a_resume_drains_it(
-    cmd: &dyn Fn() -> Command,
-    worker: &dyn Fn(&[&str]) -> Spawned,
-    events: usize,
-) {
+pub fn a_pause_holds_one_handler_and_a_resume_drains_it(t: &dyn Target) {
+    let (cmd, worker) = (&|| t.cmd(), &|args: &[&str]| t.worker(args));
+    let events = t.scale(300);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("handled.log");
     publish(cmd, "paused", events);
@@ -183,10 +181,8 @@ pub fn a_pause_holds_one_handler_and_a_resume_drains_it(
 /// failures in a row, its probe after 30 s fails, the one 60 s later succeeds, and every
 /// delivery then arrives once, none dead. Counted at the server: the 10 failures and one probe
 /// during the outage.
-pub fn a_failing_endpoint_opens_the_breaker_and_every_delivery_arrives_once(
-    cmd: &dyn Fn() -> Command,
-    worker: &dyn Fn(&[&str]) -> Spawned,
-) {
+pub fn a_failing_endpoint_opens_the_breaker_and_every_delivery_arrives_once(t: &dyn Target) {
+    let (cmd, worker) = (&|| t.cmd(), &|args: &[&str]| t.worker(args));
     let outage = Duration::from_secs(60);
     let started = Instant::now();
     let server = http::serve_with(move |_, at| {
@@ -241,10 +237,8 @@ pub fn a_failing_endpoint_opens_the_breaker_and_every_delivery_arrives_once(
 /// lower one, and both workers say it opened, whichever recorded the failure that opened it.
 /// The endpoint comes back; the operator closes the breaker by hand, and every delivery arrives
 /// long before the 30 s cool-down would have ended. A second close changes nothing.
-pub fn an_operator_closes_a_breaker_that_every_worker_saw_open(
-    cmd: &dyn Fn() -> Command,
-    worker: &dyn Fn(&[&str]) -> Spawned,
-) {
+pub fn an_operator_closes_a_breaker_that_every_worker_saw_open(t: &dyn Target) {
+    let (cmd, worker) = (&|| t.cmd(), &|args: &[&str]| t.worker(args));
     let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let serving = std::sync::Arc::clone(&up);
     let server = http::serve_with(move |_, _| {

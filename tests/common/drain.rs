@@ -93,14 +93,14 @@ pub fn three_workers_drain_exactly_once(
 /// A worker died after its deliveries were done: its lane's lease expires with their ids still
 /// listed in flight and nothing due in it. A worker that is running (its claims name the lanes
 /// they hold, and look for new ones only where work is due) takes the lane over within seconds
-/// and hands it back, so no lane stays held by a dead worker's expired lease. `publish` writes
-/// events, `dead` is a store of the dead worker's, `worker` starts `run`.
-pub fn a_dead_worker_s_lane_with_nothing_due_is_let_go(
-    publish: &dyn Fn(&[Value]),
-    dead: &relaybus::store::AnyStore,
-    worker: &dyn Fn(&[&str]) -> Spawned,
-) {
+/// and hands it back, so no lane stays held by a dead worker's expired lease.
+pub fn a_dead_worker_s_lane_with_nothing_due_is_let_go(t: &dyn super::scenario::Target) {
     use relaybus::store::prelude::*;
+    let dead = &t.store(relaybus::store::StoreOptions::worker(1));
+    let (publish, worker) = (
+        |events: &[Value]| t.publish(events),
+        |args: &[&str]| t.worker(args),
+    );
     let w = worker(&[
         "--handler",
         "h",

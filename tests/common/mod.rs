@@ -7,6 +7,7 @@ pub mod http;
 pub mod mongo;
 pub mod pgbouncer;
 pub mod replay;
+pub mod scenario;
 pub mod workers;
 
 use std::io::Read;

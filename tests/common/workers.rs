@@ -5,22 +5,23 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{finish, stderr, Spawned};
+use super::scenario::Target;
+use super::{finish, stderr};
 
-/// `publish` writes events, `worker` starts `run`, `workers` runs `relaybus workers --json`.
-pub fn a_worker_shows_its_host_process_lanes_and_expired_leases(
-    publish: &dyn Fn(&[Value]),
-    worker: &dyn Fn(&[&str]) -> Spawned,
-    workers: &dyn Fn() -> Value,
-) {
+pub fn a_worker_shows_its_host_process_lanes_and_expired_leases(t: &dyn Target) {
+    let workers = || -> Value {
+        let out = t.cmd().args(["--json", "workers"]).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
     assert_eq!(workers(), json!({"workers": []}));
     let lane = |id: &str| relaybus::store::lane::lane_of(None, id);
     assert_ne!(lane("w1"), lane("w2"), "two lanes");
-    publish(&[
+    t.publish(&[
         json!({"id": "w1", "type": "t", "handlers": ["h"]}),
         json!({"id": "w2", "type": "t", "handlers": ["h"]}),
     ]);
-    let w = worker(&[
+    let w = t.worker(&[
         "--handler",
         "h",
         "--exec",
