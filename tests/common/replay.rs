@@ -136,12 +136,19 @@ pub fn a_replay_killed_halfway_and_run_again_delivers_each_event_once_in_key_ord
         done < (events + BOTH) as i64,
         "the replay was killed before it ended ({done})"
     );
+    // The batch the server was running when the client died may still commit, whole (one
+    // statement on PostgreSQL): the rerun finds it pending with the rest of what was done.
     let rest = t.replay(&["--yes"]);
+    let pending = rest["skipped"]["pending"].as_i64().unwrap();
+    assert!(
+        done <= pending && pending <= done + 100,
+        "{done} seen, {rest}"
+    );
     assert_eq!(
         (&rest["replayed"], &rest["skipped"]),
         (
-            &json!(events as i64 + BOTH as i64 - done),
-            &json!({"pending": done, "scheduled": 0, "dead": 0, "delivered": 0})
+            &json!(events as i64 + BOTH as i64 - pending),
+            &json!({"pending": pending, "scheduled": 0, "dead": 0, "delivered": 0})
         )
     );
     assert_eq!(
