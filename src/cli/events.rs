@@ -154,14 +154,20 @@ fn parse_time(text: &str, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
     Some(now - chrono::Duration::from_std(age).ok()?)
 }
 
-/// An event as a position in publish order; a usage error when the store has no such event.
-async fn event_position<S: Store>(store: &S, option: &str, given: &str) -> Result<EventPosition> {
+/// The event `given` (a whole or short id) as a position in publish order; none when the store
+/// has no such event.
+async fn event_position<S: Store>(store: &S, given: &str) -> Result<Option<EventPosition>> {
     let id = whole_id(store, Record::Event, given).await?;
-    match store.show_event(&id).await? {
-        Some(e) => Ok(EventPosition {
-            at: e.created_at,
-            id: Some(e.id),
-        }),
+    Ok(store.show_event(&id).await?.map(|e| EventPosition {
+        at: e.created_at,
+        id: Some(e.id),
+    }))
+}
+
+/// The bound an option names: a usage error when it is neither a time nor an event.
+async fn bound_at<S: Store>(store: &S, option: &str, given: &str) -> Result<EventPosition> {
+    match event_position(store, given).await? {
+        Some(position) => Ok(position),
         None => usage!(
             "{option} `{given}` is neither a time (2026-12-01, 2026-12-01 08:00:00, \
              2026-12-01T08:00:00Z), an age (36h) nor an event of this store"
@@ -181,20 +187,19 @@ impl Selection {
             let Some(given) = given else { continue };
             *bound = Some(match parse_time(given, now) {
                 Some(at) => EventPosition { at, id: None },
-                None => event_position(store, option, given).await?,
+                None => bound_at(store, option, given).await?,
             });
         }
         let after = match &self.after {
-            Some(given) => Some(event_position(store, "--after", given).await?),
+            Some(given) => Some(bound_at(store, "--after", given).await?),
             None => None,
         };
         let mut ids = Vec::with_capacity(self.events.len());
         for given in &self.events {
-            let id = whole_id(store, Record::Event, given).await?;
-            if store.show_event(&id).await?.is_none() {
-                usage!("--event `{given}`: no event has this id (purged, or never published)");
+            match event_position(store, given).await? {
+                Some(EventPosition { id: Some(id), .. }) => ids.push(id),
+                _ => usage!("--event `{given}`: no event has this id (purged, or never published)"),
             }
-            ids.push(id);
         }
         for t in &self.types {
             if !t.contains('*') {

@@ -89,7 +89,7 @@ pub struct ReplayOptions {
 }
 
 /// What a replay did (or, dry, would do) so far.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default)]
 pub struct ReplayTally {
     /// Events the filters matched and the walk read.
     pub matched: i64,
@@ -109,15 +109,9 @@ pub struct ReplayTally {
     pub first_event: Option<String>,
     pub last_event: Option<String>,
     /// The lanes the new deliveries go to.
-    #[serde(serialize_with = "count")]
     pub lanes: BTreeSet<i16>,
     /// Where the walk is: the last event it read.
-    #[serde(skip)]
     pub position: Option<EventPosition>,
-}
-
-fn count<S: serde::Serializer>(lanes: &BTreeSet<i16>, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_u64(lanes.len() as u64)
 }
 
 /// Whether an event in state `target`, published for the handler or not (`named`), gets a

@@ -9,7 +9,7 @@ use std::time::Duration;
 use mongodb::bson::{doc, Bson, DateTime, Document, Regex};
 
 use super::model::{all, all_in, chrono, literal};
-use super::publish::{delivery, reserve};
+use super::publish::{delivery, next_sequence, per_key, reserve};
 use super::{MongoStore, DELIVERIES, EVENTS, KEY_SEQUENCES};
 use crate::store::lane::lane_of;
 use crate::store::{EventFilter, EventPosition, EventRow, History, Result, TargetState};
@@ -247,15 +247,8 @@ impl History for MongoStore {
                         })
                         .session(&mut *s)
                         .await?;
-                    let mut per_key: Vec<(&str, i64)> = vec![];
-                    for key in fresh.iter().filter_map(|&i| events[i].key.as_deref()) {
-                        match per_key.iter_mut().find(|(k, _)| *k == key) {
-                            Some((_, n)) => *n += 1,
-                            None => per_key.push((key, 1)),
-                        }
-                    }
-                    per_key.sort_unstable();
-                    let mut next = reserve(&db, &sequences, &per_key, s).await?;
+                    let keys = fresh.iter().filter_map(|&i| events[i].key.as_deref());
+                    let mut next = reserve(&db, &sequences, &per_key(keys), s).await?;
                     events_coll
                         .update_many(
                             doc! { "_id": { "$in": &fresh_ids }, "handlers": { "$ne": handler } },
@@ -268,11 +261,7 @@ impl History for MongoStore {
                         .iter()
                         .map(|&i| {
                             let e = &events[i];
-                            let sequence = e.key.as_deref().map(|k| {
-                                let n = next.get_mut(k).expect("every fresh key has a block");
-                                *n += 1;
-                                *n - 1
-                            });
+                            let sequence = next_sequence(&mut next, e.key.as_deref());
                             let lane = i32::from(lane_of(e.key.as_deref(), &e.id));
                             delivery(
                                 &delivery_ids[i],

@@ -69,19 +69,39 @@ fn fresh_handlers(prepared: &[Prepared], prior: &HashMap<String, Document>) -> V
         .collect()
 }
 
-/// How many new sequences each key needs, in key order (two batches cannot deadlock).
-fn per_key<'a>(prepared: &'a [Prepared], fresh: &[Vec<usize>]) -> Vec<(&'a str, i64)> {
+/// How many new sequences each key needs (one per key given), in key order (two batches
+/// cannot deadlock).
+pub(super) fn per_key<'a>(keys: impl IntoIterator<Item = &'a str>) -> Vec<(&'a str, i64)> {
     let mut per_key: Vec<(&str, i64)> = vec![];
-    for (p, f) in prepared.iter().zip(fresh) {
-        if let (Some(key), false) = (p.event.key.as_deref(), f.is_empty()) {
-            match per_key.iter_mut().find(|(k, _)| *k == key) {
-                Some((_, n)) => *n += 1,
-                None => per_key.push((key, 1)),
-            }
+    for key in keys {
+        match per_key.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, n)) => *n += 1,
+            None => per_key.push((key, 1)),
         }
     }
     per_key.sort_unstable();
     per_key
+}
+
+/// The next sequence of a key's block that `reserve` returned (none for an unkeyed event).
+pub(super) fn next_sequence(next: &mut HashMap<String, i64>, key: Option<&str>) -> Option<i64> {
+    key.map(|k| {
+        let n = next.get_mut(k).expect("every fresh key has a block");
+        *n += 1;
+        *n - 1
+    })
+}
+
+/// The key of each event that gets deliveries.
+fn fresh_keys<'a>(
+    prepared: &'a [Prepared],
+    fresh: &'a [Vec<usize>],
+) -> impl Iterator<Item = &'a str> {
+    prepared
+        .iter()
+        .zip(fresh)
+        .filter(|(_, f)| !f.is_empty())
+        .filter_map(|(p, _)| p.event.key.as_deref())
 }
 
 /// Reserves each key's block of sequences and returns the first of each: a key's block ends
@@ -160,11 +180,7 @@ fn writes(
                 "handlers": &handlers, "createdAt": now,
             });
         }
-        let sequence = p.event.key.as_deref().map(|k| {
-            let n = next.get_mut(k).expect("every fresh key has a block");
-            *n += 1;
-            *n - 1
-        });
+        let sequence = next_sequence(&mut next, p.event.key.as_deref());
         for &i in f {
             let id = &p.delivery_ids[i];
             w.deliveries.push(delivery(
@@ -263,7 +279,8 @@ impl Publish for MongoStore {
                         return Ok(Published::Conflict(p.event.id.clone()));
                     }
                     let fresh = fresh_handlers(&prepared, &prior);
-                    let next = reserve(&db, &sequences, &per_key(&prepared, &fresh), s).await?;
+                    let next = reserve(&db, &sequences, &per_key(fresh_keys(&prepared, &fresh)), s)
+                        .await?;
                     let writes = writes(&prepared, &fresh, &prior, next);
                     if !writes.events.is_empty() {
                         events_coll
