@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use crate::common::drain::three_workers_drain_exactly_once;
 use crate::common::http::serve;
 use crate::common::mongo::{mongo_url, OwnServer, TestMongo};
+use crate::common::scenario::Target;
 use crate::common::{
     claim_request, finish, relaybus, stderr, stdout, wait_until, Spawned, TestSchema,
 };
@@ -231,30 +232,10 @@ fn followers_of_a_running_key_are_parked_and_released_one_at_a_time() {
     assert_eq!(m.find("deliveries", doc! {}).len(), 0);
 }
 
-fn spawn_worker(m: &TestMongo, args: &[&str]) -> Spawned {
-    m.worker(args)
-}
-
-fn publish(m: &TestMongo, events: &[Value]) {
-    let lines: Vec<String> = events.iter().map(Value::to_string).collect();
-    let out = m
-        .cmd()
-        .arg("publish")
-        .write_stdin(lines.join("\n"))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
-}
-
 #[test]
 fn three_workers_handle_keyed_and_unkeyed_deliveries_exactly_once_in_key_order() {
     let m = TestMongo::installed("mongo_exactly_once");
-    three_workers_drain_exactly_once(
-        &|events| publish(&m, events),
-        &|args| spawn_worker(&m, args),
-        200,
-        7,
-    );
+    three_workers_drain_exactly_once(&|events| m.publish(events), &|args| m.worker(args), 200, 7);
     assert_eq!(m.find("deliveries", doc! {}).len(), 0);
     assert_eq!(m.find("lanes", doc! { "owner": { "$ne": null } }).len(), 0);
 }
@@ -267,24 +248,21 @@ fn a_killed_worker_s_deliveries_run_again_after_its_lease_charged_one_attempt() 
     let events: Vec<Value> = (0..20)
         .map(|i| json!({"id": format!("e{i:02}"), "type": "t", "handlers": ["h"]}))
         .collect();
-    publish(&m, &events);
+    m.publish(&events);
     let command = format!(
         "echo \"$RELAYBUS_EVENT_ID $RELAYBUS_ATTEMPT\" >> {}; sleep 30",
         log.display()
     );
-    let mut doomed = spawn_worker(
-        &m,
-        &[
-            "--handler",
-            "h",
-            "--exec",
-            &command,
-            "--concurrency",
-            "20",
-            "--lease-duration",
-            "2s",
-        ],
-    );
+    let mut doomed = m.worker(&[
+        "--handler",
+        "h",
+        "--exec",
+        &command,
+        "--concurrency",
+        "20",
+        "--lease-duration",
+        "2s",
+    ]);
     wait_until("20 handlers running", Duration::from_secs(30), || {
         std::fs::read_to_string(&log).is_ok_and(|t| t.lines().count() == 20)
     });
@@ -295,18 +273,15 @@ fn a_killed_worker_s_deliveries_run_again_after_its_lease_charged_one_attempt() 
         "echo \"$RELAYBUS_EVENT_ID $RELAYBUS_ATTEMPT\" >> {}",
         log.display()
     );
-    let heir = spawn_worker(
-        &m,
-        &[
-            "--handler",
-            "h",
-            "--exec",
-            &command,
-            "--drain",
-            "--poll-interval",
-            "100ms",
-        ],
-    );
+    let heir = m.worker(&[
+        "--handler",
+        "h",
+        "--exec",
+        &command,
+        "--drain",
+        "--poll-interval",
+        "100ms",
+    ]);
     let out = finish(heir, Duration::from_secs(60));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
@@ -514,7 +489,7 @@ fn assert_the_converted_fixture_drains(m: &TestMongo) {
         format!("[handlers.billing]\nexec = '''{command}'''\n[handlers.email]\nexec = '''{command}'''\n"),
     )
     .unwrap();
-    let worker = spawn_worker(m, &["--config", config.to_str().unwrap(), "--drain"]);
+    let worker = m.worker(&["--config", config.to_str().unwrap(), "--drain"]);
     let out = crate::common::finish(worker, Duration::from_secs(60));
     assert!(out.status.success(), "{}", stderr(&out));
     let mut runs: Vec<String> = std::fs::read_to_string(&log)
@@ -754,19 +729,16 @@ fn a_publish_wakes_an_idle_worker_through_the_change_stream() {
     let dir = tempfile::tempdir().unwrap();
     let done = dir.path().join("done");
     let addr = format!("127.0.0.1:{}", crate::common::cluster::free_port());
-    let worker = spawn_worker(
-        &m,
-        &[
-            "--handler",
-            "h",
-            "--exec",
-            &format!("cat > {}", done.display()),
-            "--poll-interval",
-            "1h",
-            "--metrics-addr",
-            &addr,
-        ],
-    );
+    let worker = m.worker(&[
+        "--handler",
+        "h",
+        "--exec",
+        &format!("cat > {}", done.display()),
+        "--poll-interval",
+        "1h",
+        "--metrics-addr",
+        &addr,
+    ]);
     let wake_ups = || {
         let scrape = crate::common::block_on(async {
             match reqwest::get(format!("http://{addr}/metrics")).await {
@@ -784,7 +756,7 @@ fn a_publish_wakes_an_idle_worker_through_the_change_stream() {
     });
     // The opening's wake-up was a claim that found nothing.
     std::thread::sleep(Duration::from_millis(300));
-    publish(&m, &[json!({"id": "wake", "type": "t", "handlers": ["h"]})]);
+    m.publish(&[json!({"id": "wake", "type": "t", "handlers": ["h"]})]);
     wait_until(
         "the woken worker to handle the event",
         Duration::from_secs(20),
@@ -815,7 +787,7 @@ fn a_lane_without_an_epoch_stops_only_that_lane_until_setup_repairs_it() {
     let events: Vec<Value> = (0..40)
         .map(|i| json!({"id": format!("e{i:02}"), "type": "t", "handlers": ["h"]}))
         .collect();
-    publish(&m, &events);
+    m.publish(&events);
     let broken = i32::from(lane_of(None, "e00"));
     let lanes = m.collection("lanes");
     crate::common::block_on(async {
@@ -828,7 +800,7 @@ fn a_lane_without_an_epoch_stops_only_that_lane_until_setup_repairs_it() {
         .iter()
         .filter(|e| i32::from(lane_of(None, e["id"].as_str().unwrap())) == broken)
         .count();
-    let w = spawn_worker(&m, &["--handler", "h", "--noop", "--poll-interval", "50ms"]);
+    let w = m.worker(&["--handler", "h", "--noop", "--poll-interval", "50ms"]);
     let left = || m.find("deliveries", doc! {}).len();
     wait_until("every other lane drained", Duration::from_secs(30), || {
         left() == in_broken
@@ -866,7 +838,7 @@ fn a_lane_without_an_epoch_stops_only_that_lane_until_setup_repairs_it() {
 #[test]
 fn a_takeover_waiting_for_a_dead_transaction_says_so() {
     let m = TestMongo::installed("mongo_dead_transaction");
-    publish(&m, &[json!({"id": "e1", "type": "t", "handlers": ["h"]})]);
+    m.publish(&[json!({"id": "e1", "type": "t", "handlers": ["h"]})]);
     let dead = m.store(StoreOptions::worker(1));
     let short = ClaimRequest {
         lease: Duration::from_millis(300),
@@ -893,17 +865,14 @@ fn a_takeover_waiting_for_a_dead_transaction_says_so() {
     std::thread::sleep(Duration::from_millis(400));
     let dir = tempfile::tempdir().unwrap();
     let done = dir.path().join("done");
-    let heir = spawn_worker(
-        &m,
-        &[
-            "--handler",
-            "h",
-            "--exec",
-            &format!("echo $RELAYBUS_ATTEMPT > {}", done.display()),
-            "--poll-interval",
-            "100ms",
-        ],
-    );
+    let heir = m.worker(&[
+        "--handler",
+        "h",
+        "--exec",
+        &format!("echo $RELAYBUS_ATTEMPT > {}", done.display()),
+        "--poll-interval",
+        "100ms",
+    ]);
     let lanes = || -> Value {
         let out = m.cmd().args(["lanes", "--json"]).output().unwrap();
         serde_json::from_str(&stdout(&out)).unwrap()
@@ -1040,7 +1009,7 @@ fn a_server_killed_mid_drain_redelivers_nothing_as_a_first_attempt() {
 #[test]
 fn a_sql_handler_is_refused_on_mongodb_before_anything_is_claimed() {
     let m = TestMongo::installed("mongo_sql_handler");
-    publish(&m, &[json!({"id": "e1", "type": "t", "handlers": ["h"]})]);
+    m.publish(&[json!({"id": "e1", "type": "t", "handlers": ["h"]})]);
     let out = m
         .cmd()
         .args(["run", "--handler", "h", "--sql", "SELECT 1", "--drain"])
@@ -1282,10 +1251,7 @@ fn a_killed_worker_s_deliveries_run_beside_a_busy_survivor_within_the_lease() {
 #[test]
 fn again_makes_a_completed_delivery_kept_from_0_1_the_new_delivery() {
     let m = TestMongo::installed("mongo_replay_kept_0_1");
-    publish(
-        &m,
-        &[json!({"id": "e1", "type": "t", "key": "k1", "handlers": ["billing"]})],
-    );
+    m.publish(&[json!({"id": "e1", "type": "t", "key": "k1", "handlers": ["billing"]})]);
     let kept = doc! { "$set": { "status": "completed", "attempts": 2, "completedAt": mongodb::bson::DateTime::now() } };
     crate::common::block_on(async {
         m.collection("deliveries")

@@ -13,6 +13,7 @@ use mongodb::bson::{doc, Bson};
 use serde_json::{json, Value};
 
 use crate::common::mongo::{mongosh, TestMongo};
+use crate::common::scenario::Target;
 use crate::common::{
     block_on, connect_to, finish, installed, rows_of, signal, stderr, stdout, wait_until, Spawned,
     TestDatabase, TestRole, TestSchema,

@@ -9,6 +9,7 @@ use std::time::Duration;
 use relaybus::store::prelude::*;
 use relaybus::store::{EventLimits, NewEvent, StoreOptions};
 
+use crate::common::scenario::Target;
 use crate::common::{block_on, connect, open_store, stderr, stdout, TestSchema};
 
 /// Publishes as 0.1 did, one event with one delivery per transaction, 0.1's columns only: the

@@ -97,19 +97,6 @@ impl TestMongo {
         cmd
     }
 
-    /// A worker (`run` with `args`) on this store, in the background.
-    pub fn worker(&self, args: &[&str]) -> super::Spawned {
-        std::process::Command::new(assert_cmd::cargo::cargo_bin("relaybus"))
-            .env("RELAYBUS_DATABASE_URL", mongo_url())
-            .args(["--schema", &self.name, "run"])
-            .args(args)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
-            .into()
-    }
-
     /// A collection of the store, by its name without the prefix.
     pub fn collection(&self, name: &str) -> mongodb::Collection<Document> {
         self.client
