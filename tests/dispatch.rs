@@ -1,6 +1,7 @@
 //! The dispatcher as a library: driven by a shutdown channel, as a test or an embedding program
 //! drives it.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,15 +19,19 @@ use crate::common::{open_store, TestSchema};
 /// second signal: running deliveries finish and complete, none is released.
 #[test]
 fn a_dropped_shutdown_sender_is_not_a_cancel() {
-    struct Slow;
+    /// Counts the handlers started, so the stop comes once all five run, however loaded the
+    /// machine (a fixed 100 ms once stopped one of them before it was claimed).
+    struct Slow(Arc<AtomicUsize>);
     impl Handler for Slow {
         fn handle<'a>(&'a self, _: &'a ClaimedDelivery, _: Gate<'a>) -> HandlerFuture<'a> {
+            self.0.fetch_add(1, Ordering::SeqCst);
             Box::pin(async {
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 Outcome::Completed
             })
         }
     }
+    let started = Arc::new(AtomicUsize::new(0));
 
     let s = TestSchema::installed("dropped_sender");
     let store = Arc::new(open_store(&s, StoreOptions::worker(4)));
@@ -50,8 +55,11 @@ fn a_dropped_shutdown_sender_is_not_a_cancel() {
             .collect();
         store.publish(&events).await.unwrap();
         let (tx, rx) = tokio::sync::watch::channel(Shutdown::Running);
+        let running = started.clone();
         tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            while running.load(Ordering::SeqCst) < 5 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
             let _ = tx.send(Shutdown::Graceful);
         });
         let options = DispatchOptions {
@@ -61,7 +69,7 @@ fn a_dropped_shutdown_sender_is_not_a_cancel() {
         };
         let handlers = vec![HandlerSpec {
             name: "h".into(),
-            runner: Runner::Handler(Arc::new(Slow)),
+            runner: Runner::Handler(Arc::new(Slow(started.clone()))),
             retry: RetryPolicy::default(),
             breaker: BreakerPolicy::default(),
         }];
