@@ -61,6 +61,9 @@ _relaybus() {
             relaybus,stats)
                 cmd="relaybus__subcmd__stats"
                 ;;
+            relaybus,top)
+                cmd="relaybus__subcmd__top"
+                ;;
             relaybus,upgrade)
                 cmd="relaybus__subcmd__upgrade"
                 ;;
@@ -208,6 +211,9 @@ _relaybus() {
             relaybus__subcmd__help,stats)
                 cmd="relaybus__subcmd__help__subcmd__stats"
                 ;;
+            relaybus__subcmd__help,top)
+                cmd="relaybus__subcmd__help__subcmd__top"
+                ;;
             relaybus__subcmd__help,upgrade)
                 cmd="relaybus__subcmd__help__subcmd__upgrade"
                 ;;
@@ -257,7 +263,7 @@ _relaybus() {
 
     case "${cmd}" in
         relaybus)
-            opts="-h -V --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version setup upgrade completions schema-sql publish run deliveries events dead purge lanes workers stats handlers doctor bench help"
+            opts="-h -V --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version setup upgrade top completions schema-sql publish run deliveries events dead purge lanes workers stats handlers doctor bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1297,7 +1303,7 @@ _relaybus() {
             return 0
             ;;
         relaybus__subcmd__help)
-            opts="setup upgrade completions schema-sql publish run deliveries events dead purge lanes workers stats handlers doctor bench help"
+            opts="setup upgrade top completions schema-sql publish run deliveries events dead purge lanes workers stats handlers doctor bench help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1688,6 +1694,20 @@ _relaybus() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        relaybus__subcmd__help__subcmd__top)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         relaybus__subcmd__help__subcmd__upgrade)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
@@ -2060,6 +2080,40 @@ _relaybus() {
                     return 0
                     ;;
                 --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        relaybus__subcmd__top)
+            opts="-h -V --interval --once --database-url --schema --prefix --json --no-prepared-statements --lock-timeout --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --interval)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --database-url)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --schema)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --lock-timeout)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -24,3 +24,4 @@ mod run;
 mod scenarios;
 mod schema;
 mod sql_handler;
+mod top;

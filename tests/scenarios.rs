@@ -24,6 +24,7 @@ macro_rules! all_scenarios {
             controls::an_operator_closes_a_breaker_that_every_worker_saw_open,
             drain::a_dead_worker_s_lane_with_nothing_due_is_let_go,
             replay::a_replay_killed_halfway_and_run_again_delivers_each_event_once_in_key_order,
+            top::the_view_shows_handlers_workers_and_lanes_cell_for_cell,
             workers::a_worker_shows_its_host_process_lanes_and_expired_leases,
         );
     };

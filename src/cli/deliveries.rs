@@ -9,7 +9,9 @@ use super::names::{check_filters, whole_id};
 use super::output::{cell, short_id, time, when};
 use super::{GlobalArgs, Output};
 use crate::store::prelude::*;
-use crate::store::{DeliveryFilter, DeliveryRow, DeliveryStatus, Record, StoreOptions};
+use crate::store::{
+    DeliveryDetail, DeliveryFilter, DeliveryRow, DeliveryStatus, Record, StoreOptions,
+};
 
 /// List and inspect deliveries.
 #[derive(Debug, Args)]
@@ -246,46 +248,50 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: DeliveriesArgs) -> R
             if out.json {
                 out.print_json(&d)?;
             } else {
-                let r = &d.delivery;
-                let lines = [
-                    ("id", r.id.clone().unwrap_or_default()),
-                    ("event", format!("{} ({})", r.event_id, r.event_type)),
-                    ("handler", r.handler.clone()),
-                    ("status", r.status.clone()),
-                    ("attempts", r.attempts.to_string()),
-                    (
-                        "key",
-                        r.key
-                            .clone()
-                            .map(|k| format!("{k} (sequence {})", r.sequence.unwrap_or(0)))
-                            .unwrap_or_else(|| "-".into()),
-                    ),
-                    ("due", time(r.available_at)),
-                    ("created", time(r.created_at)),
-                    ("updated", time(r.updated_at)),
-                    (
-                        "last error",
-                        r.last_error.clone().unwrap_or_else(|| "-".into()),
-                    ),
-                    (
-                        "lane",
-                        format!("{} (epoch {})", r.lane.unwrap_or(0), d.lane_epoch),
-                    ),
-                    (
-                        "lane owner",
-                        d.lane_owner.clone().unwrap_or_else(|| "-".into()),
-                    ),
-                    ("lease until", time(d.lease_expires_at)),
-                    (
-                        "lease token",
-                        d.lease_token.clone().unwrap_or_else(|| "-".into()),
-                    ),
-                ];
-                for (k, v) in lines {
+                for (k, v) in detail_lines(&d) {
                     out.paragraph(format!("{k:<12} {v}"), 13)?;
                 }
             }
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A delivery's fields as `deliveries show` prints them, label and value.
+pub(super) fn detail_lines(d: &DeliveryDetail) -> [(&'static str, String); 14] {
+    let r = &d.delivery;
+    [
+        ("id", r.id.clone().unwrap_or_default()),
+        ("event", format!("{} ({})", r.event_id, r.event_type)),
+        ("handler", r.handler.clone()),
+        ("status", r.status.clone()),
+        ("attempts", r.attempts.to_string()),
+        (
+            "key",
+            r.key
+                .clone()
+                .map(|k| format!("{k} (sequence {})", r.sequence.unwrap_or(0)))
+                .unwrap_or_else(|| "-".into()),
+        ),
+        ("due", time(r.available_at)),
+        ("created", time(r.created_at)),
+        ("updated", time(r.updated_at)),
+        (
+            "last error",
+            r.last_error.clone().unwrap_or_else(|| "-".into()),
+        ),
+        (
+            "lane",
+            format!("{} (epoch {})", r.lane.unwrap_or(0), d.lane_epoch),
+        ),
+        (
+            "lane owner",
+            d.lane_owner.clone().unwrap_or_else(|| "-".into()),
+        ),
+        ("lease until", time(d.lease_expires_at)),
+        (
+            "lease token",
+            d.lease_token.clone().unwrap_or_else(|| "-".into()),
+        ),
+    ]
 }

@@ -179,7 +179,7 @@ fn checked(name: &str) -> Result<&str> {
 }
 
 /// Who runs the command, for a pause's record.
-fn operator() -> String {
+pub(super) fn operator() -> String {
     let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
     format!("{user}@{}", crate::dispatch::hostname())
 }

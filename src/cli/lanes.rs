@@ -35,23 +35,23 @@ pub struct LanesArgs {
 pub struct WorkersArgs {}
 
 /// One worker as `relaybus workers` shows it, from the lanes it holds.
-#[derive(Debug, serde::Serialize, PartialEq)]
-struct Worker {
+#[derive(Clone, Debug, serde::Serialize, PartialEq)]
+pub struct Worker {
     /// The worker's name: `host:pid:random` for `relaybus run`.
-    owner: String,
+    pub owner: String,
     /// The host and process its name gives; none for a name another client chose.
-    host: Option<String>,
-    pid: Option<u32>,
-    lanes: usize,
-    in_flight: i64,
+    pub host: Option<String>,
+    pub pid: Option<u32>,
+    pub lanes: usize,
+    pub in_flight: i64,
     /// The earliest end of its lanes' leases.
-    lease_expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub lease_expires_at: Option<chrono::DateTime<chrono::Utc>>,
     /// Lanes whose lease has ended.
-    expired_lanes: usize,
+    pub expired_lanes: usize,
 }
 
 /// The workers holding the lanes, by name.
-fn workers(lanes: &[LaneRow]) -> Vec<Worker> {
+pub(super) fn workers(lanes: &[LaneRow]) -> Vec<Worker> {
     let mut by_owner: std::collections::BTreeMap<&str, Worker> = Default::default();
     for l in lanes {
         let Some(owner) = l.owner.as_deref() else {

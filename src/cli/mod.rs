@@ -17,6 +17,7 @@ mod purge;
 mod run;
 mod schema_sql;
 mod setup;
+pub mod top;
 mod upgrade;
 
 use std::process::ExitCode;
@@ -125,6 +126,7 @@ pub enum Command {
     Lanes(lanes::LanesArgs),
     Workers(lanes::WorkersArgs),
     Stats(lanes::StatsArgs),
+    Top(top::TopArgs),
     Handlers(handlers::HandlersArgs),
     Doctor(doctor::DoctorArgs),
     Completions(generate::CompletionsArgs),
@@ -378,6 +380,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Lanes(args) => lanes::run(g, &out, args).await,
         Command::Workers(args) => lanes::run_workers(g, &out, args).await,
         Command::Stats(args) => lanes::run_stats(g, &out, args).await,
+        Command::Top(args) => top::run(g, &out, args).await,
         Command::Handlers(args) => handlers::run(g, &out, args).await,
         Command::Doctor(args) => doctor::run(g, &out, args).await,
         Command::Completions(args) => generate::run(g, &out, args),

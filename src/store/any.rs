@@ -248,6 +248,9 @@ impl Inspect for AnyStore {
     async fn stats(&self) -> Result<Vec<HandlerStats>> {
         on_engine!(self, s => s.stats().await)
     }
+    async fn backlog(&self, handler: &str, limit: i64) -> Result<HandlerBacklog> {
+        on_engine!(self, s => s.backlog(handler, limit).await)
+    }
     async fn event_named(&self, name: EventName<'_>) -> Result<bool> {
         on_engine!(self, s => s.event_named(name).await)
     }

@@ -254,6 +254,14 @@ pub trait Inspect: Send + Sync + 'static {
 
     fn stats(&self) -> impl Future<Output = Result<Vec<HandlerStats>>> + Send;
 
+    /// One handler's newest `limit` dead letters and its `limit` keys with the most pending
+    /// deliveries. Reads the handler's pending deliveries, as `stats` reads every handler's.
+    fn backlog(
+        &self,
+        handler: &str,
+        limit: i64,
+    ) -> impl Future<Output = Result<HandlerBacklog>> + Send;
+
     /// Whether any event carries the name. It stops at the first event found; for a name no
     /// event carries (a typo) it reads every event.
     fn event_named(&self, name: EventName<'_>) -> impl Future<Output = Result<bool>> + Send;

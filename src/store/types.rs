@@ -609,6 +609,23 @@ impl HandlerStats {
     }
 }
 
+/// What holds one handler back: its dead letters, newest first, and its keys with the most
+/// pending deliveries (a key's deliveries run one at a time, so a long one is a queue of its
+/// own).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct HandlerBacklog {
+    pub dead: Vec<DeliveryRow>,
+    pub keys: Vec<KeyBacklog>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KeyBacklog {
+    pub key: String,
+    pub pending: i64,
+    /// When the oldest of them was due.
+    pub oldest_due: Option<chrono::DateTime<chrono::Utc>>,
+}
+
 /// One purge batch: rows deleted, and whether another batch may find more.
 #[derive(Clone, Copy, Debug)]
 pub struct PurgeBatch {

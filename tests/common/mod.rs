@@ -8,6 +8,7 @@ pub mod mongo;
 pub mod pgbouncer;
 pub mod replay;
 pub mod scenario;
+pub mod top;
 pub mod workers;
 
 use std::io::Read;

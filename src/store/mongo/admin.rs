@@ -14,8 +14,8 @@ use super::{MongoStore, COMPLETIONS, DELIVERIES, EVENTS, READY};
 use crate::store::lane::lane_of;
 use crate::store::{
     DeadLetters, DeliveryDetail, DeliveryFilter, DeliveryRow, DeliveryStatus, EventDetail,
-    EventName, HandlerStats, Inspect, LaneRow, LeaseToken, PurgeBatch, PurgeCounts, PurgeKind,
-    PurgeOptions, Record, RequeueSelector, Result, Retention,
+    EventName, HandlerBacklog, HandlerStats, Inspect, KeyBacklog, LaneRow, LeaseToken, PurgeBatch,
+    PurgeCounts, PurgeKind, PurgeOptions, Record, RequeueSelector, Result, Retention,
 };
 
 /// Deliveries shown with one event.
@@ -39,6 +39,22 @@ fn with_type(events: &str) -> Document {
 
 fn type_of(d: &Document) -> Option<&Document> {
     d.get_array("event").ok()?.first()?.as_document()
+}
+
+/// Deliveries read with their event's type (`with_type`), as listings show them.
+fn rows(found: Vec<Document>, in_flight: &HashSet<String>) -> Vec<DeliveryRow> {
+    found
+        .into_iter()
+        .filter_map(|d| {
+            let event_type = type_of(&d)
+                .and_then(|e| e.get_str("type").ok())
+                .unwrap_or_default()
+                .to_owned();
+            let delivery: Delivery = mongodb::bson::from_document(d).ok()?;
+            let processing = in_flight.contains(&delivery.id);
+            Some(delivery.row(event_type, processing))
+        })
+        .collect()
 }
 
 impl MongoStore {
@@ -243,20 +259,7 @@ impl Inspect for MongoStore {
             .aggregate(pipeline)
             .await
             .map_err(&failed)?;
-        Ok(all(cursor)
-            .await
-            .map_err(&failed)?
-            .into_iter()
-            .filter_map(|d| {
-                let event_type = type_of(&d)
-                    .and_then(|e| e.get_str("type").ok())
-                    .unwrap_or_default()
-                    .to_owned();
-                let delivery: Delivery = mongodb::bson::from_document(d).ok()?;
-                let processing = in_flight.contains(&delivery.id);
-                Some(delivery.row(event_type, processing))
-            })
-            .collect())
+        Ok(rows(all(cursor).await.map_err(&failed)?, &in_flight))
     }
 
     async fn show_delivery(&self, id: &str) -> Result<Option<DeliveryDetail>> {
@@ -538,6 +541,41 @@ impl Inspect for MongoStore {
             entry.completed += d.get("n").map(bson_i64).unwrap_or(0);
         }
         Ok(stats.into_values().collect())
+    }
+
+    async fn backlog(&self, handler: &str, limit: i64) -> Result<HandlerBacklog> {
+        let failed = self.conn.error("could not read the handler's backlog");
+        let deliveries = self.conn.collection(&self.name(DELIVERIES)).await?;
+        let dead = deliveries
+            .aggregate([
+                doc! { "$match": { "status": "dead", "handler": handler } },
+                doc! { "$sort": { "updatedAt": -1, "_id": -1 } },
+                doc! { "$limit": limit },
+                with_type(&self.name(EVENTS)),
+            ])
+            .await
+            .map_err(&failed)?;
+        let dead = rows(all(dead).await.map_err(&failed)?, &HashSet::new());
+        let keys = deliveries
+            .aggregate([
+                doc! { "$match": { "status": "pending", "handler": handler, "key": { "$ne": null } } },
+                doc! { "$group": { "_id": "$key", "n": { "$sum": 1 }, "oldest": { "$min": "$dueAt" } } },
+                doc! { "$sort": { "n": -1, "_id": 1 } },
+                doc! { "$limit": limit },
+            ])
+            .await
+            .map_err(&failed)?;
+        let keys = all(keys)
+            .await
+            .map_err(&failed)?
+            .iter()
+            .map(|d| KeyBacklog {
+                key: d.get_str("_id").unwrap_or_default().to_owned(),
+                pending: d.get("n").map(bson_i64).unwrap_or(0),
+                oldest_due: d.get_datetime("oldest").ok().map(|t| chrono(*t)),
+            })
+            .collect();
+        Ok(HandlerBacklog { dead, keys })
     }
 }
 

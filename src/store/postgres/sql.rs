@@ -183,6 +183,8 @@ statements! {
     delivery_ids_like => "admin/delivery_ids_like",
     event_ids_like => "admin/event_ids_like",
     stats => "admin/stats",
+    dead_newest => "admin/dead_newest",
+    backlog_keys => "admin/backlog_keys",
     bench_preload_events => "bench/preload_events",
     bench_preload_deliveries => "bench/preload_deliveries",
     bench_floor_publish => "bench/floor_publish",

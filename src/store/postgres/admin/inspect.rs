@@ -9,7 +9,7 @@ use super::delivery_row;
 use crate::store::lane::lane_of;
 use crate::store::{
     DeliveryDetail, DeliveryFilter, DeliveryRow, DeliveryStatus, EventDetail, EventName,
-    HandlerStats, Inspect, LaneRow, LeaseToken, Record, Result,
+    HandlerBacklog, HandlerStats, Inspect, KeyBacklog, LaneRow, LeaseToken, Record, Result,
 };
 
 /// The most deliveries `events show` lists.
@@ -179,6 +179,31 @@ impl Inspect for PgStore {
                 lag_seconds: r.get(6),
             })
             .collect())
+    }
+
+    async fn backlog(&self, handler: &str, limit: i64) -> Result<HandlerBacklog> {
+        let conn = self.pool.get().await?;
+        let dead = conn
+            .query_once(&self.sql.dead_newest, &[&handler, &limit])
+            .await
+            .map_err(db("could not list the handler's dead deliveries"))?;
+        let keys = conn
+            .query_once(&self.sql.backlog_keys, &[&handler, &limit])
+            .await
+            .map_err(db(
+                "could not count the handler's pending deliveries by key",
+            ))?;
+        Ok(HandlerBacklog {
+            dead: dead.iter().map(delivery_row).collect(),
+            keys: keys
+                .iter()
+                .map(|r| KeyBacklog {
+                    key: r.get(0),
+                    pending: r.get(1),
+                    oldest_due: r.get(2),
+                })
+                .collect(),
+        })
     }
 }
 
