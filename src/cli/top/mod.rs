@@ -196,7 +196,10 @@ async fn live(
         tokio::select! {
             read = samples.recv() => match read {
                 Some(Ok(sample)) => {
+                    let handlers = sample.handlers.len();
                     board.update(sample);
+                    // A handler forgotten since: the selection stays on the list.
+                    screen.selected = screen.selected.min(handlers.saturating_sub(1));
                     screen.error = None;
                     if screen.detail.is_some() {
                         open_detail(&store, &board, &mut screen).await;
@@ -207,10 +210,12 @@ async fn live(
             },
             key = keys.next() => match key {
                 Some(Ok(Event::Key(k))) if k.kind == KeyEventKind::Press => {
-                    if on_key(&store, &board, &mut screen, k).await == Next::Quit {
-                        return Ok(());
+                    match on_key(&store, &board, &mut screen, k).await {
+                        Next::Quit => return Ok(()),
+                        // What the action changed shows at once, not an interval later.
+                        Next::Read => wake.notify_one(),
+                        Next::Stay => {}
                     }
-                    wake.notify_one();
                 }
                 Some(Ok(_)) => {}
                 Some(Err(e)) => return Err(e.into()),
@@ -223,9 +228,12 @@ async fn live(
     }
 }
 
+/// What the loop does after a key.
 #[derive(PartialEq, Eq)]
 enum Next {
     Stay,
+    /// The store changed: read it now.
+    Read,
     Quit,
 }
 
@@ -310,12 +318,15 @@ async fn on_key(store: &AnyStore, board: &Board, screen: &mut Screen, k: KeyEven
                     }
                 }
             }
-            _ => Some("cancelled; nothing was changed".into()),
+            _ => {
+                screen.said = Some("cancelled; nothing was changed".into());
+                return Next::Stay;
+            }
         };
         if screen.detail.is_some() {
             open_detail(store, board, screen).await;
         }
-        return Next::Stay;
+        return Next::Read;
     }
     if screen.delivery.is_some() {
         if matches!(k.code, KeyCode::Esc | KeyCode::Enter | KeyCode::Char('q')) {
