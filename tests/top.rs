@@ -11,7 +11,7 @@ use serde_json::json;
 
 use crate::common::cluster::TestCluster;
 use crate::common::scenario::Target;
-use crate::common::{relaybus, spawn_worker, stderr, TestSchema};
+use crate::common::{relaybus, spawn_worker, stderr, wait_until, TestSchema};
 
 /// The view in a pseudo-terminal of 80x24.
 struct Tty {
@@ -191,15 +191,11 @@ fn an_operator_watches_the_rate_rise_pauses_and_resumes_a_handler_and_quits() {
         shown.contains("Pause `billing`")
     });
     tty.press("INC-7 ledger read-only\r");
-    let start = Instant::now();
-    while paused(&s) != ["billing|true|INC-7 ledger read-only"] {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{:?}",
-            paused(&s)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(
+        "billing paused in the store",
+        Duration::from_secs(10),
+        || paused(&s) == ["billing|true|INC-7 ledger read-only"],
+    );
     tty.wait("billing paused", |shown| {
         row(shown, "billing").get(1) == Some(&"paused") && shown.contains("paused `billing`")
     });
@@ -209,15 +205,11 @@ fn an_operator_watches_the_rate_rise_pauses_and_resumes_a_handler_and_quits() {
         shown.contains("Resume `billing`")
     });
     tty.press("y");
-    let start = Instant::now();
-    while paused(&s) != ["billing|false|NULL"] {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "{:?}",
-            paused(&s)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(
+        "billing resumed in the store",
+        Duration::from_secs(10),
+        || paused(&s) == ["billing|false|NULL"],
+    );
     tty.wait("billing running", |shown| {
         row(shown, "billing").get(1) == Some(&"running")
     });

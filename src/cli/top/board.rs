@@ -30,7 +30,7 @@ pub struct Sample {
 /// What one lane shows on the map.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum LaneState {
+pub(super) enum LaneState {
     /// No owner and nothing pending.
     Free,
     /// A live lease, nothing pending beyond what runs.
@@ -44,7 +44,7 @@ pub enum LaneState {
 }
 
 impl LaneState {
-    pub fn of(l: &LaneRow) -> Self {
+    pub(super) fn of(l: &LaneRow) -> Self {
         match (&l.owner, l.expired, l.pending > l.in_flight) {
             (Some(_), true, _) => LaneState::Expired,
             (Some(_), false, true) => LaneState::Busy,
@@ -55,7 +55,7 @@ impl LaneState {
     }
 
     /// Its cell on the map.
-    pub fn glyph(self) -> char {
+    pub(super) fn glyph(self) -> char {
         match self {
             LaneState::Free => '.',
             LaneState::Held => 'o',

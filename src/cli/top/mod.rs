@@ -19,7 +19,7 @@ use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
 use tokio::sync::{mpsc, Notify};
 
-pub use board::{Board, HandlerRow, LaneState, Sample, Snapshot, WorkerRow};
+pub use board::{Board, HandlerRow, HotLane, LaneSummary, Sample, Snapshot, WorkerRow};
 pub use view::{lines, render, Dialog, Screen};
 
 use super::{usage, within, GlobalArgs, Output};
