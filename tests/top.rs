@@ -220,6 +220,65 @@ fn an_operator_watches_the_rate_rise_pauses_and_resumes_a_handler_and_quits() {
 }
 
 #[test]
+fn an_operator_opens_a_dead_letter_and_requeues_the_handler_s_dead_letters() {
+    let s = TestSchema::installed("top_requeue");
+    let events: Vec<_> = (0..3)
+        .map(|i| json!({"id": format!("e-{i}"), "type": "t", "handlers": ["crm"]}))
+        .collect();
+    Target::publish(&s, &events);
+    let out = s
+        .cmd()
+        .args(["run", "--handler", "crm", "--drain", "--exec"])
+        .arg("echo 'HTTP 503 from crm' >&2; exit 65")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let statuses = || {
+        s.rows(&format!(
+            "SELECT status, count(*) FROM {} GROUP BY status",
+            s.table("deliveries")
+        ))
+    };
+    assert_eq!(statuses(), ["dead|3"]);
+    let mut tty = Tty::open(&s.url, &s.name, &["--interval", "300ms"]);
+    tty.wait("crm's three dead letters", |shown| {
+        row(shown, "crm").get(5) == Some(&"3")
+    });
+    tty.press("\r");
+    tty.wait("crm's panel", |shown| {
+        shown.contains("Dead letters of `crm`, newest first")
+            && shown.matches("exit 65: HTTP 503 from crm").count() == 3
+    });
+    tty.press("\r");
+    let shown = tty.wait("the dead letter", |shown| {
+        shown.contains("Delivery (Esc closes)")
+    });
+    for field in ["handler      crm", "status       dead", "attempts     1"] {
+        assert!(shown.contains(field), "{field}:\n{shown}");
+    }
+    tty.press("\x1b");
+    tty.wait("the panel again", |shown| {
+        !shown.contains("Delivery (Esc closes)")
+    });
+    tty.press("R");
+    tty.wait("the requeue question", |shown| {
+        shown.contains("Requeue `crm`") && shown.contains("Give its 3 dead deliveries")
+    });
+    tty.press("y");
+    wait_until(
+        "crm's dead letters requeued",
+        Duration::from_secs(10),
+        || statuses() == ["pending|3"],
+    );
+    tty.wait("the requeue said", |shown| {
+        shown.contains("requeued 3 dead deliveries of `crm`")
+    });
+    tty.press("q");
+    assert_eq!(tty.exit_code(), 0);
+    assert!(tty.restored(), "the terminal was not restored");
+}
+
+#[test]
 fn a_terminate_signal_restores_the_terminal() {
     let s = TestSchema::installed("top_sigterm");
     let mut tty = Tty::open(&s.url, &s.name, &[]);
