@@ -18,29 +18,32 @@ pub(crate) struct Sql {
     pub(crate) types: Vec<Type>,
 }
 
-/// Pieces of SQL that more than one statement holds, spliced where a statement names them.
-const FRAGMENTS: [(&str, &str); 3] = [
-    (
-        "{{reserve_keys}}",
+/// The text of `sql/postgres/<file>.sql`, embedded: how every statement, fragment and script
+/// of the PostgreSQL store is loaded.
+macro_rules! sql_file {
+    ($file:literal) => {
         include_str!(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/sql/postgres/fragments/reserve_keys.sql"
-        )),
-    ),
+            "/sql/postgres/",
+            $file,
+            ".sql"
+        ))
+    };
+}
+pub(crate) use sql_file;
+
+/// Pieces of SQL that more than one statement or script holds, spliced where one names them.
+const FRAGMENTS: [(&str, &str); 5] = [
+    ("{{reserve_keys}}", sql_file!("fragments/reserve_keys")),
     (
         "{{delete_completed}}",
-        include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/sql/postgres/fragments/delete_completed.sql"
-        )),
+        sql_file!("fragments/delete_completed"),
     ),
-    (
-        "{{event_filter}}",
-        include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/sql/postgres/fragments/event_filter.sql"
-        )),
-    ),
+    ("{{event_filter}}", sql_file!("fragments/event_filter")),
+    // The conversion and the install loop over what the index drift statement finds.
+    ("{{index_drift}}", sql_file!("schema/index_drift")),
+    // Both conversions end with the online conversion's cleanup.
+    ("{{online_cleanup}}", sql_file!("online/cleanup")),
 ];
 
 /// A statement's text with the fragments it names spliced in.
@@ -118,7 +121,7 @@ macro_rules! statements {
                     $($field: Sql::render(
                         ns,
                         $file,
-                        include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/sql/postgres/", $file, ".sql")),
+                        sql_file!($file),
                     ),)*
                 }
             }

@@ -7,12 +7,13 @@
 use std::time::Duration;
 
 use super::super::conn::db;
+use super::super::sql::sql_file;
 use super::super::PgStore;
 use super::online::{is_lock_timeout, LOCK_TRIES, LOCK_WAIT};
 use super::render::render;
 use crate::store::{ContractPlan, Expansion, Locks, Result, SchemaStatus};
 
-const CONTRACT: &str = include_str!("../../../../sql/postgres/online/contract.sql");
+const CONTRACT: &str = sql_file!("online/contract");
 
 impl PgStore {
     pub(super) async fn plan_contract(&self) -> Result<Option<ContractPlan>> {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio_postgres::Client;
 
 use super::super::conn::db;
-use super::super::sql::Sql;
+use super::super::sql::{sql_file, Sql};
 use super::super::PgStore;
 use super::migrate::IndexDrift;
 use super::render::{index_statement, render, INSTALL, PRELUDE};
@@ -18,10 +18,10 @@ use crate::store::{
     UpgradeProgress, UpgradeStep,
 };
 
-const BEGIN: &str = include_str!("../../../../sql/postgres/online/begin.sql");
-const VALIDATE: &str = include_str!("../../../../sql/postgres/online/validate.sql");
-const FINISH: &str = include_str!("../../../../sql/postgres/online/finish.sql");
-const EXPAND: &str = include_str!("../../../../sql/postgres/online/expand.sql");
+const BEGIN: &str = sql_file!("online/begin");
+const VALIDATE: &str = sql_file!("online/validate");
+const FINISH: &str = sql_file!("online/finish");
+const EXPAND: &str = sql_file!("online/expand");
 
 /// Rows a backfill transaction fills: each holds its rows' locks for tens of milliseconds.
 const BATCH: i32 = 5_000;

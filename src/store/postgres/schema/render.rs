@@ -1,31 +1,23 @@
 //! The schema scripts of `sql/postgres/`, rendered for a namespace without a connection: the
 //! install, and the 0.1 -> 0.2 conversion split into the steps `upgrade` runs and reports.
 
-use super::super::sql::with_fragments;
+use super::super::sql::{sql_file, with_fragments};
 use super::super::wake::channel;
 use super::locks::setup_lock_key;
 use crate::store::{Namespace, Script, DEFAULT_MAX_PAYLOAD_BYTES, MAX_NAME_BYTES, SCHEMA_VERSION};
 
-pub(super) const PRELUDE: &str = include_str!("../../../../sql/postgres/00_prelude.sql");
-pub(super) const CONVERT_0_1: &str = include_str!("../../../../sql/postgres/10_convert_0_1.sql");
-pub(super) const INSTALL: &str = include_str!("../../../../sql/postgres/20_install.sql");
-const GRANTS: &str = include_str!("../../../../sql/postgres/grants.sql");
-const INDEX_DRIFT: &str = include_str!("../../../../sql/postgres/schema/index_drift.sql");
+pub(super) const PRELUDE: &str = sql_file!("00_prelude");
+pub(super) const CONVERT_0_1: &str = sql_file!("10_convert_0_1");
+pub(super) const INSTALL: &str = sql_file!("20_install");
+const GRANTS: &str = sql_file!("grants");
+const PUBLISH_FUNCTIONS: &str = sql_file!("30_publish");
+const PUBLISH: &str = sql_file!("delivery/publish");
 
-const ONLINE_CLEANUP: &str = include_str!("../../../../sql/postgres/online/cleanup.sql");
-const PUBLISH_FUNCTIONS: &str = include_str!("../../../../sql/postgres/30_publish.sql");
-const PUBLISH: &str = include_str!("../../../../sql/postgres/delivery/publish.sql");
-
-/// A schema script for a namespace, with the index drift query spliced in where the conversion
-/// and the install loop over what it finds, the online conversion's cleanup where both
-/// conversions end, and the publish functions where the install creates them.
+/// A schema script for a namespace, with its fragments spliced in (the index drift query where
+/// the conversion and the install loop over what it finds, the online conversion's cleanup
+/// where both conversions end) and the publish functions where the install creates them.
 pub(super) fn render(ns: &Namespace, source: &str) -> String {
-    ns.render(
-        &source
-            .replace("{{index_drift}}", INDEX_DRIFT.trim_end())
-            .replace("{{online_cleanup}}", ONLINE_CLEANUP.trim_end())
-            .replace("{{publish_functions}}", &publish_functions(ns)),
-    )
+    ns.render(&with_fragments(source).replace("{{publish_functions}}", &publish_functions(ns)))
 }
 
 /// The functions an application publishes with: the command's own publish statement inside,
