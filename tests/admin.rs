@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::common::scenario::Target;
 use crate::common::{
     finish, on_a_terminal, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until,
     TestSchema,

@@ -9,6 +9,7 @@ use relaybus::store::{
     AnyStore, ClaimRequest, ClaimStats, ClaimedDelivery, ClientCounts, NewEvent, StoreOptions,
 };
 
+use crate::common::scenario::Target;
 use crate::common::{claim_request, open_store, reads_of, wait_until, TestDatabase, TestSchema};
 
 /// A publisher on one connection, sending no wake-ups.

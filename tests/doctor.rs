@@ -4,6 +4,7 @@
 use std::process::Output;
 
 use crate::common::mongo::{mongo_url, mongosh, TestMongo};
+use crate::common::scenario::Target;
 use crate::common::{stderr, stdout, TestSchema};
 
 /// The status, check and subject of every line of the table, and the exit code.

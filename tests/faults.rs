@@ -8,6 +8,7 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 
 use crate::common::cluster::{connect, TestCluster};
+use crate::common::scenario::Target;
 use relaybus::store::prelude::*;
 use relaybus::store::StoreOptions;
 

@@ -4,6 +4,7 @@
 use std::process::Command as StdCommand;
 use std::time::Duration;
 
+use crate::common::scenario::Target;
 use crate::common::{finish, signal, spawn_worker, stderr, stdout, wait_until, TestSchema};
 
 fn event(id: &str, payload: serde_json::Value) -> serde_json::Value {

@@ -5,6 +5,7 @@ use std::process::Command as StdCommand;
 use std::time::Duration;
 
 use crate::common::http::serve;
+use crate::common::scenario::Target;
 use crate::common::{
     finish, relaybus, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, Spawned,
     TestSchema,

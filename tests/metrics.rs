@@ -6,6 +6,7 @@ use serde_json::json;
 
 use crate::common::cluster::free_port;
 use crate::common::http::probe;
+use crate::common::scenario::Target;
 use crate::common::{finish, signal, spawn_worker, stdout, wait_in_flight, wait_until, TestSchema};
 
 /// Status and body of a GET.

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use serde_json::json;
 
 use crate::common::pgbouncer::PgBouncer;
+use crate::common::scenario::Target;
 use crate::common::{stderr, TestSchema};
 
 /// Publishes `n` events for handler `h`, straight to the server.

@@ -8,6 +8,7 @@ use relaybus::store::prelude::*;
 use relaybus::store::{EventLimits, NewEvent, StoreOptions};
 use serde_json::json;
 
+use crate::common::scenario::Target;
 use crate::common::{connect, open_store, runtime, stderr, stdout, wait_until, TestSchema};
 
 #[test]

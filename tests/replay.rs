@@ -4,6 +4,7 @@
 
 use serde_json::{json, Value};
 
+use crate::common::scenario::Target;
 use crate::common::{on_a_terminal, stderr, TestSchema};
 
 fn store_with_events(name: &str) -> TestSchema {

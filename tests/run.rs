@@ -11,6 +11,7 @@ use sha2::Sha256;
 use crate::common::cluster::TestCluster;
 use crate::common::drain::three_workers_drain_exactly_once;
 use crate::common::http::serve;
+use crate::common::scenario::Target;
 use crate::common::{
     finish, reads_of, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, TestSchema,
 };

@@ -8,6 +8,7 @@ use relaybus::store::prelude::*;
 use relaybus::store::{ClaimRequest, StatementOutcome, StoreOptions};
 use serde_json::json;
 
+use crate::common::scenario::Target;
 use crate::common::{
     claim_request, finish, open_store, signal, spawn_worker, stderr, stdout, wait_until, TestSchema,
 };

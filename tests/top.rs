@@ -163,7 +163,7 @@ fn an_operator_watches_the_rate_rise_pauses_and_resumes_a_handler_and_quits() {
     let events: Vec<_> = (0..20_000)
         .map(|i| json!({"id": format!("e-{i:05}"), "type": "t", "handlers": ["billing"]}))
         .collect();
-    Target::publish(&s, &events);
+    s.publish(&events);
     let mut tty = Tty::open(&s.url, &s.name, &["--interval", "300ms"]);
     let shown = tty.wait("billing, due", |shown| row(shown, "billing").len() >= 9);
     assert_eq!(
@@ -225,7 +225,7 @@ fn an_operator_opens_a_dead_letter_and_requeues_the_handler_s_dead_letters() {
     let events: Vec<_> = (0..3)
         .map(|i| json!({"id": format!("e-{i}"), "type": "t", "handlers": ["crm"]}))
         .collect();
-    Target::publish(&s, &events);
+    s.publish(&events);
     let out = s
         .cmd()
         .args(["run", "--handler", "crm", "--drain", "--exec"])

@@ -231,18 +231,6 @@ impl TestSchema {
         cmd
     }
 
-    /// Publishes events given as JSON (`publish` reading NDJSON), asserting success.
-    pub fn publish(&self, events: &[serde_json::Value]) {
-        let lines: Vec<String> = events.iter().map(|e| e.to_string()).collect();
-        let out = self
-            .cmd()
-            .arg("publish")
-            .write_stdin(lines.join("\n"))
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", stderr(&out));
-    }
-
     pub fn exec(&self, sql: &str) {
         block_on(self.client.batch_execute(sql)).unwrap_or_else(|e| panic!("{sql}: {e:?}"));
     }
