@@ -1,103 +1,21 @@
-//! The operator's queries on MongoDB: listings, one delivery or event, dead letters and requeue,
-//! retention, lanes and per-handler statistics. "processing" is derived as on every store: a
-//! pending delivery its lane lists in flight under a live lease.
+//! Listings, one delivery or event, lanes, per-handler statistics and a handler's backlog.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::time::Duration;
 
-use mongodb::bson::{doc, Bson, DateTime, Document, Regex};
+use mongodb::bson::{doc, Bson, DateTime, Document};
 
-use super::json;
-use super::model::{all, chrono, ids, lane_ids, literal, Delivery, Lane};
-use super::publish::bson_i64;
-use super::{MongoStore, COMPLETIONS, DELIVERIES, EVENTS, READY};
+use super::super::json;
+use super::super::model::{all, chrono, ids, lane_ids, literal, Delivery, Lane};
+use super::super::publish::bson_i64;
+use super::super::{MongoStore, COMPLETIONS, DELIVERIES, EVENTS};
+use super::{rows, type_of, with_type, EVENT_DELIVERIES};
 use crate::store::lane::lane_of;
 use crate::store::{
-    DeadLetters, DeliveryDetail, DeliveryFilter, DeliveryRow, DeliveryStatus, EventDetail,
-    EventName, HandlerBacklog, HandlerStats, Inspect, KeyBacklog, LaneRow, LeaseToken, PurgeBatch,
-    PurgeCounts, PurgeKind, PurgeOptions, Record, RequeueSelector, Result, Retention,
+    DeliveryDetail, DeliveryFilter, DeliveryRow, DeliveryStatus, EventDetail, EventName,
+    HandlerBacklog, HandlerStats, Inspect, KeyBacklog, LaneRow, LeaseToken, Record, Result,
 };
 
-/// Deliveries shown with one event.
-const EVENT_DELIVERIES: i64 = 10_000;
-
-fn before(age: Duration) -> DateTime {
-    DateTime::from_millis(
-        DateTime::now()
-            .timestamp_millis()
-            .saturating_sub(age.as_millis() as i64),
-    )
-}
-
-/// Joins each delivery's event type, as `type`.
-fn with_type(events: &str) -> Document {
-    doc! { "$lookup": {
-        "from": events, "localField": "eventId", "foreignField": "_id", "as": "event",
-        "pipeline": [{ "$project": { "type": 1, "key": 1, "createdAt": 1 } }],
-    } }
-}
-
-fn type_of(d: &Document) -> Option<&Document> {
-    d.get_array("event").ok()?.first()?.as_document()
-}
-
-/// Deliveries read with their event's type (`with_type`), as listings show them.
-fn rows(found: Vec<Document>, in_flight: &HashSet<String>) -> Vec<DeliveryRow> {
-    found
-        .into_iter()
-        .filter_map(|d| {
-            let event_type = type_of(&d)
-                .and_then(|e| e.get_str("type").ok())
-                .unwrap_or_default()
-                .to_owned();
-            let delivery: Delivery = mongodb::bson::from_document(d).ok()?;
-            let processing = in_flight.contains(&delivery.id);
-            Some(delivery.row(event_type, processing))
-        })
-        .collect()
-}
-
 impl MongoStore {
-    /// The delivery filter of a requeue selector, without the event type.
-    fn dead_filter(&self, s: &RequeueSelector) -> Document {
-        let mut f = doc! { "status": "dead" };
-        if !s.ids.is_empty() {
-            f.insert("_id", doc! { "$in": &s.ids });
-        }
-        if let Some(h) = &s.handler {
-            f.insert("handler", h);
-        }
-        if let Some(e) = &s.error_contains {
-            f.insert(
-                "lastError",
-                Regex {
-                    pattern: literal(e),
-                    options: String::new(),
-                },
-            );
-        }
-        f
-    }
-
-    /// The dead deliveries a selector names, with the event type checked through a join.
-    async fn selected_dead(&self, s: &RequeueSelector) -> Result<Vec<String>> {
-        let failed = self.conn.error("could not select dead deliveries");
-        let mut pipeline = vec![doc! { "$match": self.dead_filter(s) }];
-        if let Some(t) = &s.event_type {
-            pipeline.push(with_type(&self.name(EVENTS)));
-            pipeline.push(doc! { "$match": { "event.type": t } });
-        }
-        pipeline.push(doc! { "$project": { "_id": 1 } });
-        let cursor = self
-            .conn
-            .collection(&self.name(DELIVERIES))
-            .await?
-            .aggregate(pipeline)
-            .await
-            .map_err(&failed)?;
-        ids(cursor).await.map_err(&failed)
-    }
-
     /// Completed rows kept from 0.1 and the completion history, newest first.
     async fn list_completed(&self, f: &DeliveryFilter) -> Result<Vec<DeliveryRow>> {
         let failed = self.conn.error("could not list completed deliveries");
@@ -164,46 +82,6 @@ impl MongoStore {
         rows.sort_by_key(|r| std::cmp::Reverse(r.completed_at));
         rows.truncate(f.limit.max(0) as usize);
         Ok(rows)
-    }
-
-    /// Events older than the cutoff without deliveries, deleted in a transaction that reads
-    /// their deliveries: a publish that adds one to such an event writes the event too, so the
-    /// two conflict and the event is kept.
-    async fn purge_events(&self, cutoff: DateTime, batch: i64) -> Result<PurgeBatch> {
-        let events = self.conn.collection(&self.name(EVENTS)).await?;
-        let delivery_name = self.name(DELIVERIES);
-        self.conn
-            .transaction("could not purge events", async move |s| {
-                let cursor = events
-                    .aggregate([
-                        doc! { "$match": { "createdAt": { "$lt": cutoff } } },
-                        doc! { "$sort": { "createdAt": 1 } },
-                        doc! { "$lookup": {
-                            "from": &delivery_name, "localField": "_id", "foreignField": "eventId",
-                            "as": "left", "pipeline": [{ "$limit": 1 }, { "$project": { "_id": 1 } }],
-                        } },
-                        doc! { "$match": { "left": { "$size": 0 } } },
-                        doc! { "$limit": batch },
-                        doc! { "$project": { "_id": 1 } },
-                    ])
-                    .session(&mut *s)
-                    .await?;
-                let ids: Vec<Bson> = super::model::all_in(cursor, s)
-                    .await?
-                    .into_iter()
-                    .filter_map(|d| d.get("_id").cloned())
-                    .collect();
-                let deleted = events
-                    .delete_many(doc! { "_id": { "$in": &ids } })
-                    .session(&mut *s)
-                    .await?
-                    .deleted_count as i64;
-                Ok(PurgeBatch {
-                    deleted,
-                    more: ids.len() as i64 == batch,
-                })
-            })
-            .await
     }
 }
 
@@ -576,152 +454,5 @@ impl Inspect for MongoStore {
             })
             .collect();
         Ok(HandlerBacklog { dead, keys })
-    }
-}
-
-impl DeadLetters for MongoStore {
-    async fn count_dead(&self, s: &RequeueSelector) -> Result<i64> {
-        Ok(self.selected_dead(s).await?.len() as i64)
-    }
-
-    /// Every selected delivery still dead becomes pending, due now, with a fresh budget and a new
-    /// claim; a keyed one holds back its key's followers as any head does.
-    async fn requeue(&self, s: &RequeueSelector) -> Result<Vec<String>> {
-        let ids = self.selected_dead(s).await?;
-        if ids.is_empty() {
-            return Ok(ids);
-        }
-        let deliveries = self.conn.collection(&self.name(DELIVERIES)).await?;
-        self.conn
-            .transaction("could not requeue", async move |session| {
-                let cursor = deliveries
-                    .find(doc! { "_id": { "$in": &ids }, "status": "dead" })
-                    .projection(doc! { "_id": 1 })
-                    .session(&mut *session)
-                    .await?;
-                let still: Vec<String> = super::model::all_in(cursor, session)
-                    .await?
-                    .iter()
-                    .filter_map(|d| d.get_str("_id").ok().map(str::to_owned))
-                    .collect();
-                let now = DateTime::now();
-                deliveries
-                    .update_many(
-                        doc! { "_id": { "$in": &still }, "status": "dead" },
-                        doc! {
-                            "$set": {
-                                "status": "pending", "attempts": 0, "dueAt": now,
-                                "updatedAt": now, "lane": READY, "holdsBack": 1,
-                            },
-                            "$inc": { "claims": 1 },
-                        },
-                    )
-                    .session(&mut *session)
-                    .await?;
-                Ok(still)
-            })
-            .await
-    }
-}
-
-impl Retention for MongoStore {
-    async fn purge_count(&self, o: &PurgeOptions) -> Result<PurgeCounts> {
-        let failed = self.conn.error("could not count what a purge would delete");
-        let deliveries = self.conn.collection(&self.name(DELIVERIES)).await?;
-        let mut counts = PurgeCounts::default();
-        if let Some(age) = o.dead_older_than {
-            counts.dead = deliveries
-                .count_documents(doc! { "status": "dead", "updatedAt": { "$lt": before(age) } })
-                .await
-                .map_err(&failed)? as i64;
-        }
-        let Some(age) = o.completed_older_than else {
-            return Ok(counts);
-        };
-        let cutoff = before(age);
-        counts.completed = deliveries
-            .count_documents(doc! { "status": "completed", "completedAt": { "$lt": cutoff } })
-            .await
-            .map_err(&failed)? as i64;
-        counts.history = self
-            .conn
-            .collection(&self.name(COMPLETIONS))
-            .await?
-            .count_documents(doc! { "completedAt": { "$lt": cutoff } })
-            .await
-            .map_err(&failed)? as i64;
-        // Events old enough whose every delivery goes in this purge.
-        let mut gone = vec![doc! { "status": "completed", "completedAt": { "$lt": cutoff } }];
-        if let Some(dead_age) = o.dead_older_than {
-            gone.push(doc! { "status": "dead", "updatedAt": { "$lt": before(dead_age) } });
-        }
-        let cursor = self
-            .conn
-            .collection(&self.name(EVENTS))
-            .await?
-            .aggregate([
-                doc! { "$match": { "createdAt": { "$lt": cutoff } } },
-                doc! { "$lookup": {
-                    "from": self.name(DELIVERIES), "localField": "_id", "foreignField": "eventId",
-                    "as": "left",
-                    "pipeline": [{ "$match": { "$nor": gone } }, { "$limit": 1 }, { "$project": { "_id": 1 } }],
-                } },
-                doc! { "$match": { "left": { "$size": 0 } } },
-                doc! { "$count": "n" },
-            ])
-            .await
-            .map_err(&failed)?;
-        counts.events = all(cursor)
-            .await
-            .map_err(&failed)?
-            .first()
-            .and_then(|d| d.get("n").map(bson_i64))
-            .unwrap_or(0);
-        Ok(counts)
-    }
-
-    async fn purge_batch(&self, kind: PurgeKind, age: Duration, batch: i64) -> Result<PurgeBatch> {
-        let cutoff = before(age);
-        let (collection, filter, order) = match kind {
-            PurgeKind::Dead => (
-                DELIVERIES,
-                doc! { "status": "dead", "updatedAt": { "$lt": cutoff } },
-                doc! { "updatedAt": 1 },
-            ),
-            PurgeKind::Completed => (
-                DELIVERIES,
-                doc! { "status": "completed", "completedAt": { "$lt": cutoff } },
-                doc! { "completedAt": 1 },
-            ),
-            PurgeKind::History => (
-                COMPLETIONS,
-                doc! { "completedAt": { "$lt": cutoff } },
-                doc! { "completedAt": 1 },
-            ),
-            PurgeKind::Events => return self.purge_events(cutoff, batch).await,
-        };
-        let failed = self.conn.error("could not purge");
-        let coll = self.conn.collection(&self.name(collection)).await?;
-        let ids: Vec<Bson> = all(coll
-            .find(filter)
-            .sort(order)
-            .limit(batch)
-            .projection(doc! { "_id": 1 })
-            .await
-            .map_err(&failed)?)
-        .await
-        .map_err(&failed)?
-        .into_iter()
-        .filter_map(|d| d.get("_id").cloned())
-        .collect();
-        let deleted = coll
-            .delete_many(doc! { "_id": { "$in": &ids } })
-            .await
-            .map_err(&failed)?
-            .deleted_count as i64;
-        Ok(PurgeBatch {
-            deleted,
-            more: ids.len() as i64 == batch,
-        })
     }
 }
