@@ -193,7 +193,7 @@ impl Board {
             .find(|t| now - t.at <= chrono::Duration::from_std(MINUTE).expect("a minute"));
         let rate = |from: Option<&Tally>, handler: &str| -> Option<f64> {
             let from = from?;
-            let seconds = (now - from.at).num_milliseconds() as f64 / 1000.0;
+            let seconds = seconds(now - from.at);
             let done = tally.completed.get(handler)? - from.completed.get(handler).unwrap_or(&0);
             (self.history && seconds > 0.0 && done >= 0).then(|| done as f64 / seconds)
         };
@@ -220,7 +220,7 @@ impl Board {
             })
             .collect();
         let deleted_per_second = previous.and_then(|p| {
-            let seconds = (now - p.at).num_milliseconds() as f64 / 1000.0;
+            let seconds = seconds(now - p.at);
             let done = tally.deleted? - p.deleted?;
             (seconds > 0.0 && done >= 0).then(|| done as f64 / seconds)
         });
@@ -241,8 +241,7 @@ impl Board {
                     None => None,
                 };
                 WorkerRow {
-                    renewed_seconds_ago: renewed
-                        .map(|at| (now - at).num_milliseconds() as f64 / 1000.0),
+                    renewed_seconds_ago: renewed.map(|at| seconds(now - at)),
                     worker,
                 }
             })
@@ -323,4 +322,9 @@ fn row(
         per_second_last_minute,
         spark,
     }
+}
+
+/// A span of time in seconds, to the millisecond.
+pub(super) fn seconds(d: chrono::Duration) -> f64 {
+    d.num_milliseconds() as f64 / 1000.0
 }

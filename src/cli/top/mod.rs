@@ -323,9 +323,7 @@ async fn on_key(store: &AnyStore, board: &Board, screen: &mut Screen, k: KeyEven
                 return Next::Stay;
             }
         };
-        if screen.detail.is_some() {
-            open_detail(store, board, screen).await;
-        }
+        // The read this asks for refreshes an open panel too.
         return Next::Read;
     }
     if screen.delivery.is_some() {

@@ -11,7 +11,7 @@ use ratatui::widgets::{
 };
 
 use super::super::output::{age, short_id};
-use super::board::{Board, LaneState, Snapshot};
+use super::board::{seconds, Board, LaneState, Snapshot};
 use crate::store::{DeliveryDetail, HandlerBacklog};
 
 /// Lanes on one row of the map.
@@ -576,10 +576,6 @@ fn centered(area: Rect, width: u16, height: u16) -> Rect {
         width,
         height,
     )
-}
-
-fn seconds(d: chrono::Duration) -> f64 {
-    d.num_milliseconds() as f64 / 1000.0
 }
 
 /// The cells of a buffer as lines of text, trailing blanks cut.
