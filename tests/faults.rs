@@ -431,8 +431,8 @@ fn events(n: usize) -> String {
 
 /// The lanes table is locked past the lease (a migration, a `LOCK TABLE` by hand): the stall is
 /// logged with the session holding the lock, counted, and turns `/readyz` unready; once the
-/// lock goes, the worker keeps its lanes (their leases expired, but nobody took them) and every
-/// delivery drains within the lease plus 10 s.
+/// lock goes, the worker keeps its lanes (their leases expired, but nobody took them), resumes
+/// within the lease plus 10 s and drains every delivery.
 #[test]
 fn lanes_locked_past_the_lease_are_reported_and_drain_once_the_lock_goes() {
     let cluster = TestCluster::start();
@@ -493,11 +493,18 @@ fn lanes_locked_past_the_lease_are_reported_and_drain_once_the_lock_goes() {
     std::thread::sleep(Duration::from_secs(5).saturating_sub(locked.elapsed()));
     crate::common::block_on(holder.batch_execute("COMMIT")).unwrap();
     let released = std::time::Instant::now();
+    let stuck = left();
+    // The worker resumes on the lanes it held within the lease plus 10 s; the rest of the drain
+    // is the speed of spawning 2000 shells, which a loaded machine stretches.
     wait_until(
-        "every delivery to drain within the lease plus 10 s",
+        "the worker to resume within the lease plus 10 s",
         Duration::from_secs(12),
-        || left() == 0,
+        || left() < stuck,
     );
+    println!("resumed {:?} after the lock went", released.elapsed());
+    wait_until("every delivery to drain", Duration::from_secs(120), || {
+        left() == 0
+    });
     println!("drained {:?} after the lock went", released.elapsed());
     wait_until("/readyz to be ready again", Duration::from_secs(5), || {
         get(&format!("http://{addr}/readyz")).is_some_and(|(status, _)| status == 200)
