@@ -131,81 +131,84 @@ pub fn from_file(path: &Path, defaults: &Defaults) -> Result<Vec<HandlerConfig>,
     }
     file.handlers
         .into_iter()
-        .map(|(name, e)| {
-            let invalid = |why: &str| ConfigError::Handler {
-                name: name.clone(),
-                why: why.to_owned(),
-            };
-            let target = match (e.exec, e.webhook, e.sql, e.noop) {
-                (Some(cmd), None, None, false) => Target::Exec(cmd),
-                (None, Some(url), None, false) => Target::Webhook(url),
-                (None, None, Some(sql), false) => Target::Sql(sql),
-                (None, None, None, true) => Target::Noop,
-                _ => {
-                    return Err(invalid(
-                        "give exactly one of `exec`, `webhook`, `sql` or `noop = true`",
-                    ))
-                }
-            };
-            let max_attempts = e.max_attempts.unwrap_or(defaults.retry.max_attempts);
-            if !(1..=RetryPolicy::MAX_ATTEMPTS_LIMIT).contains(&max_attempts) {
-                return Err(invalid(&format!(
-                    "`max_attempts` must be from 1 to {}",
-                    RetryPolicy::MAX_ATTEMPTS_LIMIT
-                )));
-            }
-            let within = |field: &str, bounds: Bounds, value: Option<Duration>, default| {
-                value
-                    .map(|d| bounds.check(d))
-                    .transpose()
-                    .map(|d| d.unwrap_or(default))
-                    .map_err(|e| invalid(&format!("`{field}`: {e}")))
-            };
-            let mut retry = defaults.retry;
-            retry.max_attempts = max_attempts;
-            let delay_bounds = RetryPolicy::RETRY_DELAY_BOUNDS;
-            retry.backoff.base = within(
-                "retry_delay",
-                delay_bounds,
-                e.retry_delay,
-                retry.backoff.base,
-            )?;
-            retry.backoff.max = within(
-                "retry_max_delay",
-                delay_bounds,
-                e.retry_max_delay,
-                retry.backoff.max,
-            )?;
-            let timeout = within("timeout", TIMEOUT_BOUNDS, e.timeout, defaults.timeout)?;
-            let mut breaker = defaults.breaker;
-            breaker.threshold = e.breaker_threshold.unwrap_or(breaker.threshold);
-            if !(1..=BreakerPolicy::THRESHOLD_LIMIT).contains(&breaker.threshold) {
-                return Err(invalid(&format!(
-                    "`breaker_threshold` must be from 1 to {}",
-                    BreakerPolicy::THRESHOLD_LIMIT
-                )));
-            }
-            breaker.max_cooldown = within(
-                "breaker_max_cooldown",
-                BreakerPolicy::MAX_COOLDOWN_BOUNDS,
-                e.breaker_max_cooldown,
-                breaker.max_cooldown,
-            )?;
-            let webhook_secret = match e.webhook_secret {
-                Some(s) => Some(Ok(WebhookSecret::parse(&s)
-                    .map_err(|why| invalid(&format!("invalid `webhook_secret`: {why}")))?)),
-                None => defaults.webhook_secret.clone(),
-            };
-            Ok(HandlerConfig {
-                timeout,
-                retry,
-                breaker,
-                webhook_secret,
-                target,
-                name,
-            })
-        })
+        .map(|(name, e)| handler(name, e, defaults))
         .collect()
+}
+
+/// One `[handlers.NAME]` table over the defaults.
+fn handler(name: String, e: Entry, defaults: &Defaults) -> Result<HandlerConfig, ConfigError> {
+    let invalid = |why: &str| ConfigError::Handler {
+        name: name.clone(),
+        why: why.to_owned(),
+    };
+    let target = match (e.exec, e.webhook, e.sql, e.noop) {
+        (Some(cmd), None, None, false) => Target::Exec(cmd),
+        (None, Some(url), None, false) => Target::Webhook(url),
+        (None, None, Some(sql), false) => Target::Sql(sql),
+        (None, None, None, true) => Target::Noop,
+        _ => {
+            return Err(invalid(
+                "give exactly one of `exec`, `webhook`, `sql` or `noop = true`",
+            ))
+        }
+    };
+    let max_attempts = e.max_attempts.unwrap_or(defaults.retry.max_attempts);
+    if !(1..=RetryPolicy::MAX_ATTEMPTS_LIMIT).contains(&max_attempts) {
+        return Err(invalid(&format!(
+            "`max_attempts` must be from 1 to {}",
+            RetryPolicy::MAX_ATTEMPTS_LIMIT
+        )));
+    }
+    let within = |field: &str, bounds: Bounds, value: Option<Duration>, default| {
+        value
+            .map(|d| bounds.check(d))
+            .transpose()
+            .map(|d| d.unwrap_or(default))
+            .map_err(|e| invalid(&format!("`{field}`: {e}")))
+    };
+    let mut retry = defaults.retry;
+    retry.max_attempts = max_attempts;
+    let delay_bounds = RetryPolicy::RETRY_DELAY_BOUNDS;
+    retry.backoff.base = within(
+        "retry_delay",
+        delay_bounds,
+        e.retry_delay,
+        retry.backoff.base,
+    )?;
+    retry.backoff.max = within(
+        "retry_max_delay",
+        delay_bounds,
+        e.retry_max_delay,
+        retry.backoff.max,
+    )?;
+    let timeout = within("timeout", TIMEOUT_BOUNDS, e.timeout, defaults.timeout)?;
+    let mut breaker = defaults.breaker;
+    breaker.threshold = e.breaker_threshold.unwrap_or(breaker.threshold);
+    if !(1..=BreakerPolicy::THRESHOLD_LIMIT).contains(&breaker.threshold) {
+        return Err(invalid(&format!(
+            "`breaker_threshold` must be from 1 to {}",
+            BreakerPolicy::THRESHOLD_LIMIT
+        )));
+    }
+    breaker.max_cooldown = within(
+        "breaker_max_cooldown",
+        BreakerPolicy::MAX_COOLDOWN_BOUNDS,
+        e.breaker_max_cooldown,
+        breaker.max_cooldown,
+    )?;
+    let webhook_secret = match e.webhook_secret {
+        Some(s) => Some(Ok(WebhookSecret::parse(&s)
+            .map_err(|why| invalid(&format!("invalid `webhook_secret`: {why}")))?)),
+        None => defaults.webhook_secret.clone(),
+    };
+    Ok(HandlerConfig {
+        timeout,
+        retry,
+        breaker,
+        webhook_secret,
+        target,
+        name,
+    })
 }
 
 /// Where and why a config file failed to parse, without quoting it: the offending line may be

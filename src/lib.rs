@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 pub mod dispatch;
 pub mod handler;
+pub mod identity;
 pub mod store;
 #[cfg(test)]
 mod test_servers;

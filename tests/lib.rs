@@ -13,6 +13,7 @@ mod doctor;
 mod faults;
 mod handlers;
 mod hardening;
+mod layout;
 mod metrics;
 mod mongo;
 mod pgbouncer;

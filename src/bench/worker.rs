@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use super::cells::{Config, Keys};
 use super::Error;
 use crate::dispatch::{
-    worker_name, DispatchOptions, Dispatcher, HandlerSpec, Reporter, RetryPolicy, Runner, Shutdown,
+    DispatchOptions, Dispatcher, HandlerSpec, Reporter, RetryPolicy, Runner, Shutdown,
 };
 use crate::handler::{Gate, Handler, HandlerFuture, Outcome};
 use crate::store::bench::BenchStore;
@@ -286,7 +286,7 @@ async fn dispatch_worker(store: AnyStore, plan: WorkerPlan) -> Result<WorkerRepo
         concurrency: settings.concurrency,
         batch_size: settings.batch_size,
         poll_interval: settings.poll_interval,
-        ..DispatchOptions::new(worker_name())
+        ..DispatchOptions::new(crate::identity::worker_name())
     };
     let dispatcher = Dispatcher::new(Arc::clone(&store), options, handlers, reporter);
     plan.wait_for_start().await;

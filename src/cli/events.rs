@@ -445,19 +445,24 @@ async fn replay_events<S: Store>(store: &S, out: &Output, a: ReplayArgs) -> Resu
     let interrupted = stop.load(Ordering::Relaxed);
     print_tally(out, &handler, &done, false, interrupted)?;
     if interrupted {
-        let at = done.position.as_ref().and_then(|p| p.id.as_deref());
-        eprintln!(
-            "interrupted after event {}: run the same command again to replay the rest{}",
-            at.unwrap_or("-"),
-            if a.again {
-                format!(" (with --again, add --after {})", at.unwrap_or("-"))
-            } else {
-                String::new()
-            }
-        );
+        eprintln!("{}", how_to_go_on(&done, a.again));
         return Ok(ExitCode::from(super::exit::INTERRUPTED));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What to run after a replay stopped by Ctrl-C.
+fn how_to_go_on(done: &ReplayTally, again: bool) -> String {
+    let at = done.position.as_ref().and_then(|p| p.id.as_deref());
+    format!(
+        "interrupted after event {}: run the same command again to replay the rest{}",
+        at.unwrap_or("-"),
+        if again {
+            format!(" (with --again, add --after {})", at.unwrap_or("-"))
+        } else {
+            String::new()
+        }
+    )
 }
 
 #[cfg(test)]

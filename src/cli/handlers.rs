@@ -87,60 +87,8 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: HandlersArgs) -> Res
             reason,
             by,
             new,
-        } => {
-            if !new {
-                known_handler(&store, checked(&name)?).await?;
-            }
-            let by = by.unwrap_or_else(operator);
-            let (reason, now) = (reason.as_deref(), Utc::now());
-            let since = std::sync::Mutex::new(None);
-            let changed = store
-                .change_controls(checked(&name)?, &|c| {
-                    *since.lock().expect("since lock") = c.paused_at;
-                    c.pause(&by, reason, now)
-                })
-                .await?;
-            let since = since.into_inner().expect("since lock");
-            let said = match (&changed, since) {
-                (Some(_), None) => format!(
-                    "paused handler `{name}`: workers stop claiming its deliveries within a \
-                     second; those running finish"
-                ),
-                (Some(_), Some(at)) => format!(
-                    "handler `{name}` was paused already, since {}; now by {by}{}",
-                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                    reason.map(|r| format!(", for: {r}")).unwrap_or_default()
-                ),
-                (None, _) => {
-                    format!("handler `{name}` was paused already, by {by}, for that reason")
-                }
-            };
-            report(out, &name, changed, &said)
-        }
-        HandlersCommand::Forget { name } => {
-            known_handler(&store, checked(&name)?).await?;
-            let left = store
-                .stats()
-                .await?
-                .into_iter()
-                .find(|s| s.handler == name)
-                .map_or(0, |s| s.due + s.scheduled + s.processing + s.dead);
-            if left > 0 {
-                usage!(
-                    "handler `{name}` still has {left} deliveries (due, scheduled, running or \
-                     dead); forget it once none is left"
-                );
-            }
-            let forgot = store.forget_controls(&name).await?;
-            if out.json {
-                out.print_json(&json!({"handler": name, "changed": forgot}))?;
-            } else if forgot {
-                out.line(format!("forgot handler `{name}`: its controls are gone"))?;
-            } else {
-                out.line(format!("handler `{name}` has no controls; nothing changed"))?;
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        } => pause(&store, out, &name, reason.as_deref(), by, new).await,
+        HandlersCommand::Forget { name } => forget(&store, out, &name).await,
         HandlersCommand::Resume { name } => {
             known_handler(&store, checked(&name)?).await?;
             let changed = store
@@ -171,6 +119,71 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: HandlersArgs) -> Res
     }
 }
 
+/// `handlers pause`: `new` pauses a handler no delivery names yet.
+async fn pause<S: Store>(
+    store: &S,
+    out: &Output,
+    name: &str,
+    reason: Option<&str>,
+    by: Option<String>,
+    new: bool,
+) -> Result<ExitCode> {
+    if !new {
+        known_handler(store, checked(name)?).await?;
+    }
+    let by = by.unwrap_or_else(operator);
+    let now = Utc::now();
+    let since = std::sync::Mutex::new(None);
+    let changed = store
+        .change_controls(checked(name)?, &|c| {
+            *since.lock().expect("since lock") = c.paused_at;
+            c.pause(&by, reason, now)
+        })
+        .await?;
+    let since = since.into_inner().expect("since lock");
+    let said = match (&changed, since) {
+        (Some(_), None) => format!(
+            "paused handler `{name}`: workers stop claiming its deliveries within a \
+             second; those running finish"
+        ),
+        (Some(_), Some(at)) => format!(
+            "handler `{name}` was paused already, since {}; now by {by}{}",
+            at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            reason.map(|r| format!(", for: {r}")).unwrap_or_default()
+        ),
+        (None, _) => {
+            format!("handler `{name}` was paused already, by {by}, for that reason")
+        }
+    };
+    report(out, name, changed, &said)
+}
+
+/// `handlers forget`: only a handler no delivery names any more.
+async fn forget<S: Store>(store: &S, out: &Output, name: &str) -> Result<ExitCode> {
+    known_handler(store, checked(name)?).await?;
+    let left = store
+        .stats()
+        .await?
+        .into_iter()
+        .find(|s| s.handler == name)
+        .map_or(0, |s| s.due + s.scheduled + s.processing + s.dead);
+    if left > 0 {
+        usage!(
+            "handler `{name}` still has {left} deliveries (due, scheduled, running or \
+             dead); forget it once none is left"
+        );
+    }
+    let forgot = store.forget_controls(name).await?;
+    if out.json {
+        out.print_json(&json!({"handler": name, "changed": forgot}))?;
+    } else if forgot {
+        out.line(format!("forgot handler `{name}`: its controls are gone"))?;
+    } else {
+        out.line(format!("handler `{name}` has no controls; nothing changed"))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn checked(name: &str) -> Result<&str> {
     if name.trim().is_empty() {
         usage!("a handler name must not be empty");
@@ -181,7 +194,7 @@ fn checked(name: &str) -> Result<&str> {
 /// Who runs the command, for a pause's record.
 pub(super) fn operator() -> String {
     let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
-    format!("{user}@{}", crate::dispatch::hostname())
+    format!("{user}@{}", crate::identity::hostname())
 }
 
 fn report(

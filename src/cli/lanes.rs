@@ -58,7 +58,7 @@ pub(super) fn workers(lanes: &[LaneRow]) -> Vec<Worker> {
             continue;
         };
         let w = by_owner.entry(owner).or_insert_with(|| {
-            let (host, pid) = crate::dispatch::worker_host_and_pid(owner).unzip();
+            let (host, pid) = crate::identity::worker_host_and_pid(owner).unzip();
             Worker {
                 owner: owner.to_owned(),
                 host: host.map(str::to_owned),
@@ -153,42 +153,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: LanesArgs) -> Result
     if shown.is_empty() {
         out.line("no lane is held or has pending work")?;
     } else {
-        let rows: Vec<Vec<String>> = shown
-            .iter()
-            .map(|l| {
-                vec![
-                    l.lane.to_string(),
-                    l.owner.clone().unwrap_or_else(|| "-".into()),
-                    l.epoch.to_string(),
-                    match (l.lease_expires_at, l.expired) {
-                        (None, _) => "-".into(),
-                        (Some(t), true) => format!("{} (expired)", time_of_day(t)),
-                        (Some(t), false) => time_of_day(t),
-                    },
-                    l.in_flight.to_string(),
-                    l.pending.to_string(),
-                    if out.terminal() {
-                        when(l.oldest_due)
-                    } else {
-                        time(l.oldest_due)
-                    },
-                ]
-            })
-            .collect();
-        // Only the owner's name may wrap: a lease's time and whether it expired matter most.
-        out.table_wrapping(
-            &[1],
-            &[
-                "LANE",
-                "OWNER",
-                "EPOCH",
-                "LEASE UNTIL",
-                "IN FLIGHT",
-                "PENDING",
-                "OLDEST DUE",
-            ],
-            &rows,
-        )?;
+        print_lanes(out, &shown)?;
     }
     let uncharged: i64 = lanes.iter().map(|l| l.uncharged).sum();
     let waiting = if uncharged > 0 {
@@ -206,6 +171,47 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: LanesArgs) -> Result
         expired
     ))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The lanes' table.
+fn print_lanes(out: &Output, shown: &[&LaneRow]) -> Result<()> {
+    let rows: Vec<Vec<String>> = shown
+        .iter()
+        .map(|l| {
+            vec![
+                l.lane.to_string(),
+                l.owner.clone().unwrap_or_else(|| "-".into()),
+                l.epoch.to_string(),
+                match (l.lease_expires_at, l.expired) {
+                    (None, _) => "-".into(),
+                    (Some(t), true) => format!("{} (expired)", time_of_day(t)),
+                    (Some(t), false) => time_of_day(t),
+                },
+                l.in_flight.to_string(),
+                l.pending.to_string(),
+                if out.terminal() {
+                    when(l.oldest_due)
+                } else {
+                    time(l.oldest_due)
+                },
+            ]
+        })
+        .collect();
+    // Only the owner's name may wrap: a lease's time and whether it expired matter most.
+    out.table_wrapping(
+        &[1],
+        &[
+            "LANE",
+            "OWNER",
+            "EPOCH",
+            "LEASE UNTIL",
+            "IN FLIGHT",
+            "PENDING",
+            "OLDEST DUE",
+        ],
+        &rows,
+    )?;
+    Ok(())
 }
 
 pub(super) async fn run_stats(g: &GlobalArgs, out: &Output, _: StatsArgs) -> Result<ExitCode> {

@@ -15,10 +15,8 @@ use super::logs::{self, LogFormat};
 use super::{human, secret_file, within, GlobalArgs, Output};
 use crate::backoff::Backoff;
 use crate::config::{self, Defaults, HandlerConfig, Target};
-use crate::dispatch::{metrics, Reporter};
-use crate::dispatch::{
-    worker_name, DispatchOptions, Dispatcher, RetryPolicy, Runner, Shutdown, Summary,
-};
+use crate::dispatch::{endpoint, Reporter};
+use crate::dispatch::{DispatchOptions, Dispatcher, RetryPolicy, Runner, Shutdown, Summary};
 use crate::handler::WebhookSecret;
 use crate::store::controls::BreakerPolicy;
 use crate::store::prelude::*;
@@ -307,7 +305,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: RunArgs) -> Result<E
         completion_history: args.completion_history,
         wake_ups: args.wake_up == WakeUp::Listen,
         stall_after: args.stall_after,
-        ..DispatchOptions::new(worker_name())
+        ..DispatchOptions::new(crate::identity::worker_name())
     };
     let summary = Dispatcher::new(Arc::clone(&store), options, handlers, reporter)
         .run(rx.clone())
@@ -330,7 +328,7 @@ async fn serve_metrics(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("could not listen on {addr} for --metrics-addr"))?;
-    let endpoint = metrics::serve(
+    let endpoint = endpoint::serve(
         listener,
         Arc::clone(reporter),
         Arc::clone(store),

@@ -12,8 +12,8 @@ use super::{human, within, GlobalArgs, Output};
 use crate::bounds::Bounds;
 use crate::store::prelude::*;
 use crate::store::{
-    schema_script, AnyStore, Conversion, Engine, Expansion, SchemaStatus, Script, SetupOutcome,
-    StoreOptions, UpgradePlan, UpgradeProgress,
+    schema_script, AnyStore, Conversion, Engine, Expansion, Namespace, SchemaStatus, Script,
+    SetupOutcome, StoreOptions, UpgradePlan, UpgradeProgress,
 };
 
 /// Convert a 0.1 store to 0.2 in place.
@@ -140,21 +140,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Resu
         // A conversion that stopped in its last step (MongoDB): the plan finishes it.
         SchemaStatus::Incomplete if !plan.steps.is_empty() => {}
         found @ (SchemaStatus::Current | SchemaStatus::Expanded(_)) => {
-            if out.json {
-                out.print_json(&json!({"found": found.describe(), "applied": false, "plan": null, "next": found.advice()}))?;
-            } else if let SchemaStatus::Expanded(_) = found {
-                out.paragraph(
-                    format!(
-                        "relaybus schema is {}; nothing to upgrade. Next: {}",
-                        found.describe(),
-                        found.advice()
-                    ),
-                    0,
-                )?;
-            } else {
-                out.line("relaybus schema is already 0.2; nothing to upgrade")?;
-            }
-            return Ok(ExitCode::SUCCESS);
+            return nothing_to_upgrade(out, found);
         }
         other => {
             return Err(other
@@ -190,6 +176,37 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Resu
         return declined();
     };
     let seconds = started.elapsed().as_secs_f64();
+    print_upgraded(out, &ns, &outcome, seconds, &plan)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The store is already 0.2, expanded or not.
+fn nothing_to_upgrade(out: &Output, found: &SchemaStatus) -> Result<ExitCode> {
+    if out.json {
+        out.print_json(&json!({"found": found.describe(), "applied": false, "plan": null, "next": found.advice()}))?;
+    } else if let SchemaStatus::Expanded(_) = found {
+        out.paragraph(
+            format!(
+                "relaybus schema is {}; nothing to upgrade. Next: {}",
+                found.describe(),
+                found.advice()
+            ),
+            0,
+        )?;
+    } else {
+        out.line("relaybus schema is already 0.2; nothing to upgrade")?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What a conversion did.
+fn print_upgraded(
+    out: &Output,
+    ns: &Namespace,
+    outcome: &SetupOutcome,
+    seconds: f64,
+    plan: &UpgradePlan,
+) -> Result<()> {
     // Another upgrade may have held the setup lock and converted the store meanwhile.
     let applied = outcome.before != outcome.after;
     if out.json {
@@ -226,7 +243,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: UpgradeArgs) -> Resu
             0,
         )?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// Asks, then converts with a bar over the rows the steps rewrite; None when not confirmed.

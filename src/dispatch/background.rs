@@ -1,4 +1,5 @@
-//! The tasks a worker runs beside its claim streams: wake-ups, lease renewal, the status line.
+//! The tasks a worker runs beside its claim streams: wake-ups, lease renewal, the stall watchdog
+//! and the status line.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,5 +74,39 @@ pub(super) async fn status_line(
     loop {
         reporter.status(concurrency - slots.available_permits());
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// A stalled operation waits this long at most for the list of sessions blocking it.
+const BLOCKERS_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Reports every operation that has waited `bound`, until it ends: a log line naming the
+/// sessions that block it, a count in `/metrics`, and `/readyz` unready; when it ends, it says
+/// how long it took. Operations are looked at every quarter of the bound, so a stall is
+/// reported once it has waited between one and one and a quarter bounds.
+pub(super) async fn watchdog<S: Store>(reporter: Arc<Reporter>, store: Arc<S>, bound: Duration) {
+    let mut every = tokio::time::interval(bound / 4);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        for (id, operation) in reporter.health.newly_stalled(bound) {
+            reporter.metrics.stalled(operation);
+            let blockers = match tokio::time::timeout(BLOCKERS_TIMEOUT, store.blockers()).await {
+                Ok(Ok(sessions)) if !sessions.is_empty() => sessions
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                Ok(Ok(_)) => "no blocking session found".to_owned(),
+                Ok(Err(e)) => format!("could not list blocking sessions: {e:#}"),
+                Err(_) => "could not list blocking sessions in time".to_owned(),
+            };
+            let waited = humantime::format_duration(bound);
+            tracing::warn!(operation, waited = %waited, blocked_by = %blockers, "{operation} is stalled");
+            reporter.health.mark_stalled(
+                id,
+                format!("{operation} has waited over {waited}, blocked by {blockers}"),
+            );
+        }
     }
 }

@@ -74,27 +74,7 @@ pub(super) async fn run<S: Store>(
         return None;
     }
     let started = Instant::now();
-    let ran = loop {
-        if !lease_live(ctx, &delivery, &mut leased_at).await {
-            return None;
-        }
-        let ran = match &spec.runner {
-            Runner::Handler(handler) => {
-                let gate = || lease_fresh(ctx.lease, leased_at);
-                tokio::select! {
-                    outcome = handler.handle(&delivery, &gate) => Ran::Outcome(outcome),
-                    _ = cancel.wait_for(|c| *c) => Ran::Aborted,
-                }
-            }
-            Runner::Statement { sql, timeout } => {
-                run_statement(ctx, &delivery, sql, *timeout, &mut cancel).await
-            }
-        };
-        // Withheld at the gate: nothing left the worker; the store is asked before it may.
-        if !matches!(ran, Ran::Outcome(Outcome::Withheld)) {
-            break ran;
-        }
-    };
+    let ran = attempt(ctx, spec, &delivery, &mut leased_at, &mut cancel).await?;
     let outcome = match ran {
         Ran::Aborted => return Some(delivery.token),
         Ran::Recorded => return None,
@@ -122,6 +102,38 @@ pub(super) async fn run<S: Store>(
     drop(slot);
     conclude(ctx, spec, &delivery, outcome, running, &mut cancel).await;
     None
+}
+
+/// Runs the handler once the lease is confirmed live, again while the gate withholds it; None
+/// when the lane is no longer the worker's.
+async fn attempt<S: Store>(
+    ctx: &Context<S>,
+    spec: &HandlerSpec,
+    delivery: &ClaimedDelivery,
+    leased_at: &mut Duration,
+    cancel: &mut watch::Receiver<bool>,
+) -> Option<Ran> {
+    loop {
+        if !lease_live(ctx, delivery, leased_at).await {
+            return None;
+        }
+        let ran = match &spec.runner {
+            Runner::Handler(handler) => {
+                let gate = || lease_fresh(ctx.lease, *leased_at);
+                tokio::select! {
+                    outcome = handler.handle(delivery, &gate) => Ran::Outcome(outcome),
+                    _ = cancel.wait_for(|c| *c) => Ran::Aborted,
+                }
+            }
+            Runner::Statement { sql, timeout } => {
+                run_statement(ctx, delivery, sql, *timeout, cancel).await
+            }
+        };
+        // Withheld at the gate: nothing left the worker; the store is asked before it may.
+        if !matches!(ran, Ran::Outcome(Outcome::Withheld)) {
+            return Some(ran);
+        }
+    }
 }
 
 /// Whether the delivery's lane is still this worker's for long enough to start its handler: by

@@ -5,20 +5,14 @@
 //! deliveries than it can account for. A worker never stops working without saying so.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::Reporter;
 use crate::backoff::Backoff;
-use crate::store::Store;
-
-/// A stalled operation waits this long at most for the list of sessions blocking it.
-const BLOCKERS_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub struct Health {
     /// Operations retrying to record an outcome (a completion, a failed attempt, a statement).
@@ -208,7 +202,7 @@ impl Health {
     }
 
     /// The operations that have waited past `bound` and were not reported yet, now marked.
-    fn newly_stalled(&self, bound: Duration) -> Vec<(u64, &'static str)> {
+    pub(super) fn newly_stalled(&self, bound: Duration) -> Vec<(u64, &'static str)> {
         let mut operations = self.operations.lock().expect("health lock");
         operations
             .iter_mut()
@@ -221,53 +215,10 @@ impl Health {
     }
 
     /// Reports an operation stalled, for `/readyz`, unless it ended meanwhile.
-    fn mark_stalled(&self, id: u64, what: String) {
+    pub(super) fn mark_stalled(&self, id: u64, what: String) {
         let operations = self.operations.lock().expect("health lock");
         if operations.contains_key(&id) {
             self.stalled.lock().expect("health lock").insert(id, what);
-        }
-    }
-}
-
-/// Runs `op`, watched for stalls by `watchdog` while it is in progress. A guard rather than a
-/// timer of its own: a timer per claim and per completion cost a tenth of the throughput of a
-/// worker with the defaults (`bench dispatch --cell disp-1i-defaults`).
-pub(super) async fn watched<T>(
-    reporter: &Reporter,
-    operation: &'static str,
-    op: impl Future<Output = T>,
-) -> T {
-    let _in_progress = reporter.health.begin(operation);
-    op.await
-}
-
-/// Reports every operation that has waited `bound`, until it ends: a log line naming the
-/// sessions that block it, a count in `/metrics`, and `/readyz` unready; when it ends, it says
-/// how long it took. Operations are looked at every quarter of the bound, so a stall is
-/// reported once it has waited between one and one and a quarter bounds.
-pub(super) async fn watchdog<S: Store>(reporter: Arc<Reporter>, store: Arc<S>, bound: Duration) {
-    let mut every = tokio::time::interval(bound / 4);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        every.tick().await;
-        for (id, operation) in reporter.health.newly_stalled(bound) {
-            reporter.metrics.stalled(operation);
-            let blockers = match tokio::time::timeout(BLOCKERS_TIMEOUT, store.blockers()).await {
-                Ok(Ok(sessions)) if !sessions.is_empty() => sessions
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; "),
-                Ok(Ok(_)) => "no blocking session found".to_owned(),
-                Ok(Err(e)) => format!("could not list blocking sessions: {e:#}"),
-                Err(_) => "could not list blocking sessions in time".to_owned(),
-            };
-            let waited = humantime::format_duration(bound);
-            tracing::warn!(operation, waited = %waited, blocked_by = %blockers, "{operation} is stalled");
-            reporter.health.mark_stalled(
-                id,
-                format!("{operation} has waited over {waited}, blocked by {blockers}"),
-            );
         }
     }
 }

@@ -1,27 +1,20 @@
 //! What a worker tells Prometheus, and whether it is ready: the counters and histograms the
-//! dispatcher records as it works, and the `/metrics`, `/healthz` and `/readyz` endpoints of
-//! `run --metrics-addr`. Labels name handlers and operations only, never an event id or a key,
+//! dispatcher records as it works, which `endpoint` serves. Labels name handlers and operations only, never an event id or a key,
 //! so a series count stays bounded.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
-use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Metric, Registry, Unit};
-use tokio::sync::oneshot;
 
 use super::health::Health;
-use super::Reporter;
 use crate::store::Store;
 
 /// Lag is read from the store at most this often, however often Prometheus scrapes.
@@ -381,7 +374,7 @@ impl Metrics {
     /// (`health`), or when it claims nothing because every handler of it is paused or its
     /// breaker open (the operator asked for that), with a note why; otherwise why not, the most
     /// telling reason first.
-    fn readiness(&self, health: &Health) -> Result<Option<String>, String> {
+    pub(super) fn readiness(&self, health: &Health) -> Result<Option<String>, String> {
         let phase = self.phase.load(Ordering::Relaxed);
         if phase == Phase::Stopping as u8 {
             return Err("shutting down".into());
@@ -398,7 +391,7 @@ impl Metrics {
     }
 
     /// Reads the lag of these handlers from the store unless it was read within `LAG_EVERY`.
-    async fn sample_lag<S: Store>(&self, store: &S, handlers: &[String]) {
+    pub(super) async fn sample_lag<S: Store>(&self, store: &S, handlers: &[String]) {
         {
             let mut sampled = self.lag_sampled.lock().expect("lag lock");
             if sampled.is_some_and(|at| at.elapsed() < LAG_EVERY) {
@@ -421,129 +414,10 @@ impl Metrics {
         }
     }
 
-    fn encode(&self) -> String {
+    pub(super) fn encode(&self) -> String {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)
             .expect("writing to a String cannot fail");
         text
-    }
-}
-
-struct Endpoint<S> {
-    reporter: Arc<Reporter>,
-    store: Arc<S>,
-    handlers: Vec<String>,
-}
-
-/// Connections the metrics endpoint keeps open at once. A connection beyond them closes the
-/// oldest, so connections that sit idle (a misbehaving scraper, a port scan) can never keep a
-/// health probe out, and the endpoint never holds more than a few of the worker's file
-/// descriptors (its handlers need them).
-const MAX_CONNECTIONS: usize = 32;
-/// A connection that sends no request for this long is closed.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a connection closed to make room may take to finish a request in progress.
-const EVICTED_GRACE: Duration = Duration::from_millis(500);
-/// How long the endpoint pauses after an accept fails (the process is out of descriptors).
-const ACCEPT_RETRY: Duration = Duration::from_millis(100);
-
-/// The open connections, oldest first, each with the sender that asks it to close.
-#[derive(Default)]
-struct Connections {
-    next: u64,
-    open: BTreeMap<u64, oneshot::Sender<()>>,
-}
-
-impl Connections {
-    /// Counts a new connection in, asking the oldest to close when the endpoint is full.
-    fn admit(&mut self) -> (u64, oneshot::Receiver<()>) {
-        if self.open.len() >= MAX_CONNECTIONS {
-            if let Some((_, oldest)) = self.open.pop_first() {
-                let _ = oldest.send(());
-            }
-        }
-        let (close, closing) = oneshot::channel();
-        let id = self.next;
-        self.next += 1;
-        self.open.insert(id, close);
-        (id, closing)
-    }
-}
-
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the process ends: at most
-/// `MAX_CONNECTIONS` connections, each closed after `IDLE_TIMEOUT` without a request, and the
-/// oldest closed when a new one comes and the endpoint is full.
-pub async fn serve<S: Store>(
-    listener: tokio::net::TcpListener,
-    reporter: Arc<Reporter>,
-    store: Arc<S>,
-    handlers: Vec<String>,
-) -> std::io::Result<()> {
-    let endpoint = Arc::new(Endpoint {
-        reporter,
-        store,
-        handlers,
-    });
-    let app = axum::Router::new()
-        .route("/metrics", get(metrics::<S>))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(ready::<S>))
-        .with_state(endpoint);
-    let connections = Arc::new(Mutex::new(Connections::default()));
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                tracing::debug!(error = %e, "the metrics endpoint could not accept a connection");
-                tokio::time::sleep(ACCEPT_RETRY).await;
-                continue;
-            }
-        };
-        let (id, closing) = connections.lock().expect("connections lock").admit();
-        let service = hyper_util::service::TowerToHyperService::new(app.clone());
-        let connections = Arc::clone(&connections);
-        tokio::spawn(async move {
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(IDLE_TIMEOUT)
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-            tokio::pin!(connection);
-            tokio::select! {
-                _ = connection.as_mut() => {}
-                Ok(()) = closing => {
-                    // Closed at once when idle; a request in progress may finish first.
-                    connection.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(EVICTED_GRACE, connection).await;
-                }
-            }
-            connections
-                .lock()
-                .expect("connections lock")
-                .open
-                .remove(&id);
-        });
-    }
-}
-
-async fn metrics<S: Store>(State(e): State<Arc<Endpoint<S>>>) -> impl IntoResponse {
-    let m = &e.reporter.metrics;
-    m.sample_lag(&*e.store, &e.handlers).await;
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        m.encode(),
-    )
-}
-
-async fn ready<S: Store>(State(e): State<Arc<Endpoint<S>>>) -> impl IntoResponse {
-    match e.reporter.metrics.readiness(&e.reporter.health) {
-        Ok(None) => (StatusCode::OK, "ready\n".to_owned()),
-        Ok(Some(note)) => (StatusCode::OK, format!("ready: {note}\n")),
-        Err(why) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {why}\n"),
-        ),
     }
 }

@@ -12,6 +12,7 @@ mod claimer;
 mod complete;
 mod controls;
 mod delivery;
+pub mod endpoint;
 mod health;
 pub mod metrics;
 mod options;
@@ -30,11 +31,11 @@ use crate::handler::Handler;
 use crate::store::controls::BreakerPolicy;
 use crate::store::{ClaimRequest, LaneShare, Store};
 use complete::{Completer, Recorder, Running};
-pub use options::{hostname, worker_host_and_pid, worker_name, DispatchOptions, RetryPolicy};
+pub use options::{DispatchOptions, RetryPolicy};
 pub use report::{Reporter, Summary};
 pub use shutdown::{next_signal, signalled, Shutdown};
 
-use background::{relay_wake_ups, renew, status_line};
+use background::{relay_wake_ups, renew, status_line, watchdog};
 use claimer::Claimer;
 
 /// A handler as the dispatcher runs it.
@@ -222,7 +223,7 @@ impl<S: Store> Dispatcher<S> {
         Started {
             completer: recording.start(),
             background: vec![
-                tokio::spawn(health::watchdog(
+                tokio::spawn(watchdog(
                     Arc::clone(reporter),
                     Arc::clone(store),
                     options.stall_after,

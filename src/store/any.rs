@@ -11,43 +11,6 @@ use super::mongo::MongoStore;
 use super::postgres::PgStore;
 use super::*;
 
-/// The store engines relaybus knows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Engine {
-    Postgres,
-    Mongo,
-}
-
-impl Engine {
-    /// The engine a connection string names; without one, PostgreSQL through the libpq
-    /// variables.
-    pub fn of(url: Option<&str>) -> Result<Engine> {
-        match url {
-            None => Ok(Engine::Postgres),
-            Some(u) if u.starts_with("postgres://") || u.starts_with("postgresql://") => {
-                Ok(Engine::Postgres)
-            }
-            Some(u) if u.starts_with("mongodb://") || u.starts_with("mongodb+srv://") => {
-                Ok(Engine::Mongo)
-            }
-            // libpq's other form: `host=db dbname=app sslmode=require`.
-            Some(u) if !u.contains("://") && u.contains('=') => Ok(Engine::Postgres),
-            Some(u) => Err(StoreError::UnsupportedUrl(redact(u))),
-        }
-    }
-}
-
-/// Which schema script to render.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Script {
-    /// The complete install, for an empty database.
-    Install,
-    /// The in-place conversion of a 0.1 store, ending with the install.
-    ConvertFrom01,
-    /// The least privileges a runtime role needs, for the role named.
-    Grants { role: String },
-}
-
 /// Where a store lives on the engine `url` names: on PostgreSQL the schema (default
 /// `public`); on MongoDB the database `schema` names, else the URL's, else `relaybus`.
 pub fn namespace(url: Option<&str>, schema: Option<&str>, prefix: &str) -> Result<Namespace> {

@@ -4,8 +4,6 @@
 
 use thiserror::Error;
 
-use super::status::SchemaStatus;
-
 /// A driver's error, whatever the engine.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -49,24 +47,30 @@ pub enum StoreError {
         cause: BoxError,
     },
 
-    #[error("relaybus is not installed in {container} \"{schema}\" with prefix \"{prefix}\"; {}", SchemaStatus::NotInstalled.advice())]
+    #[error(
+        "relaybus is not installed in {container} \"{schema}\" with prefix \"{prefix}\"; {}",
+        advice::SETUP
+    )]
     NotInstalled {
         container: &'static str,
         schema: String,
         prefix: String,
     },
 
-    #[error("the relaybus schema in {container} \"{schema}\" with prefix \"{prefix}\" is incomplete (no version row, a table or collection missing, indexes that differ from 0.2's, or publish functions missing or from another relaybus); {}", SchemaStatus::Incomplete.advice())]
+    #[error("the relaybus schema in {container} \"{schema}\" with prefix \"{prefix}\" is incomplete (no version row, a table or collection missing, indexes that differ from 0.2's, or publish functions missing or from another relaybus); {}", advice::SETUP)]
     Incomplete {
         container: &'static str,
         schema: String,
         prefix: String,
     },
 
-    #[error("the database is at schema 0.1; {}", SchemaStatus::V01.advice())]
+    #[error("the database is at schema 0.1; {}", advice::UPGRADE)]
     Outdated,
 
-    #[error("the database is at schema {found}, newer than this relaybus ({supported}); {}", SchemaStatus::Newer { version: String::new() }.advice())]
+    #[error(
+        "the database is at schema {found}, newer than this relaybus ({supported}); {}",
+        advice::NEWER
+    )]
     TooNew { found: String, supported: String },
 
     #[error("objects of relaybus's names that are not relaybus's are in the way: {found}; choose another --schema or --prefix, or move them; nothing was changed")]
@@ -96,4 +100,12 @@ pub enum StoreError {
 
     #[error("event `{id}` {why}; nothing of its batch was written")]
     ConflictingEvent { id: String, why: &'static str },
+}
+
+/// What to run about the schema: these errors say it, and so does `SchemaStatus::advice`.
+pub(super) mod advice {
+    pub(in crate::store) const UPGRADE: &str =
+        "run `relaybus upgrade --dry-run` to see the conversion, then `relaybus upgrade`";
+    pub(in crate::store) const NEWER: &str = "use a newer relaybus binary";
+    pub(in crate::store) const SETUP: &str = "run `relaybus setup`";
 }

@@ -8,6 +8,7 @@ pub mod bench;
 mod connstr;
 pub mod controls;
 pub mod doctor;
+mod engine;
 mod error;
 mod ident;
 pub mod lane;
@@ -23,9 +24,10 @@ mod wake;
 use std::future::Future;
 use std::time::Duration;
 
-pub use any::{namespace, open, schema_script, AnyStore, Engine, Script};
+pub use any::{namespace, open, schema_script, AnyStore};
 pub use connstr::redact;
 use connstr::{refuse_ambiguous, unparsable};
+pub use engine::Engine;
 pub use error::{BoxError, StoreError};
 pub use ident::Namespace;
 pub use options::StoreOptions;
@@ -81,6 +83,17 @@ pub trait Store:
 
     /// What this store has sent so far.
     fn client_counts(&self) -> ClientCounts;
+}
+
+/// Which schema script to render.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Script {
+    /// The complete install, for an empty database.
+    Install,
+    /// The in-place conversion of a 0.1 store, ending with the install.
+    ConvertFrom01,
+    /// The least privileges a runtime role needs, for the role named.
+    Grants { role: String },
 }
 
 /// Installing, detecting and converting the schema.

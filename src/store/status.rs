@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use super::error::advice;
 use super::{Namespace, StoreError};
 
 /// The schema version this binary installs and works with.
@@ -100,16 +101,14 @@ impl SchemaStatus {
     /// What to run to make the store current.
     pub fn advice(&self) -> &'static str {
         match self {
-            SchemaStatus::V01 => {
-                "run `relaybus upgrade --dry-run` to see the conversion, then `relaybus upgrade`"
-            }
-            SchemaStatus::Newer { .. } => "use a newer relaybus binary",
+            SchemaStatus::V01 => advice::UPGRADE,
+            SchemaStatus::Newer { .. } => advice::NEWER,
             SchemaStatus::Current => "nothing to do",
             SchemaStatus::Expanded(_) => {
                 "roll every publisher to 0.2, then run `relaybus upgrade --contract` (it waits \
                  for 10 minutes without a 0.1 write; `--dry-run` shows what it drops)"
             }
-            SchemaStatus::NotInstalled | SchemaStatus::Incomplete => "run `relaybus setup`",
+            SchemaStatus::NotInstalled | SchemaStatus::Incomplete => advice::SETUP,
         }
     }
 

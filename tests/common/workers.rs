@@ -50,7 +50,7 @@ pub fn a_worker_shows_its_host_process_lanes_and_expired_leases(t: &dyn Target) 
             &one["expired_lanes"]
         ),
         (
-            &json!(relaybus::dispatch::hostname()),
+            &json!(relaybus::identity::hostname()),
             &json!(w.id()),
             &json!(2),
             &json!(0)
@@ -58,7 +58,7 @@ pub fn a_worker_shows_its_host_process_lanes_and_expired_leases(t: &dyn Target) 
         "{shown}"
     );
     let owner = one["owner"].as_str().unwrap();
-    assert!(owner.starts_with(&format!("{}:{}:", relaybus::dispatch::hostname(), w.id())));
+    assert!(owner.starts_with(&format!("{}:{}:", relaybus::identity::hostname(), w.id())));
     super::signal(&w, nix::sys::signal::Signal::SIGKILL);
     let out = finish(w, Duration::from_secs(10));
     assert!(!out.status.success(), "{}", stderr(&out));

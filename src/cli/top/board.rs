@@ -224,7 +224,32 @@ impl Board {
             let done = tally.deleted? - p.deleted?;
             (seconds > 0.0 && done >= 0).then(|| done as f64 / seconds)
         });
-        let workers: Vec<WorkerRow> = workers(&sample.lanes)
+        let workers = self.workers_seen(&sample.lanes, now);
+        self.tallies.push_back(tally);
+        while self.tallies.len() > 2
+            && self
+                .tallies
+                .front()
+                .is_some_and(|t| now - t.at > chrono::Duration::from_std(MINUTE).expect("a minute"))
+        {
+            self.tallies.pop_front();
+        }
+        let (summary, lane_map, hot_lanes) = lane_view(&sample.lanes);
+        self.snapshot = Some(Snapshot {
+            at: now,
+            handlers,
+            workers,
+            lanes: summary,
+            lane_map,
+            hot_lanes,
+            deleted_per_second,
+        });
+        self.lanes = sample.lanes;
+    }
+
+    /// The workers holding lanes, each with when the view saw its lease renewed.
+    fn workers_seen(&mut self, lanes: &[LaneRow], now: DateTime<Utc>) -> Vec<WorkerRow> {
+        let workers: Vec<WorkerRow> = workers(lanes)
             .into_iter()
             .map(|worker| {
                 let renewed = match worker.lease_expires_at {
@@ -248,54 +273,40 @@ impl Board {
             .collect();
         self.renewals
             .retain(|owner, _| workers.iter().any(|w: &WorkerRow| &w.worker.owner == owner));
-        self.tallies.push_back(tally);
-        while self.tallies.len() > 2
-            && self
-                .tallies
-                .front()
-                .is_some_and(|t| now - t.at > chrono::Duration::from_std(MINUTE).expect("a minute"))
-        {
-            self.tallies.pop_front();
-        }
-        let mut summary = LaneSummary::default();
-        let lane_map: String = sample
-            .lanes
-            .iter()
-            .map(|l| {
-                let state = LaneState::of(l);
-                *match state {
-                    LaneState::Free => &mut summary.free,
-                    LaneState::Held => &mut summary.held,
-                    LaneState::Busy => &mut summary.busy,
-                    LaneState::Waiting => &mut summary.waiting,
-                    LaneState::Expired => &mut summary.expired,
-                } += 1;
-                state.glyph()
-            })
-            .collect();
-        let mut hot: Vec<&LaneRow> = sample.lanes.iter().filter(|l| l.pending > 0).collect();
-        hot.sort_by(|a, b| b.pending.cmp(&a.pending).then(a.lane.cmp(&b.lane)));
-        let hot_lanes = hot
-            .into_iter()
-            .take(10)
-            .map(|l| HotLane {
-                lane: l.lane,
-                pending: l.pending,
-                owner: l.owner.clone(),
-                oldest_due: l.oldest_due,
-            })
-            .collect();
-        self.snapshot = Some(Snapshot {
-            at: now,
-            handlers,
-            workers,
-            lanes: summary,
-            lane_map,
-            hot_lanes,
-            deleted_per_second,
-        });
-        self.lanes = sample.lanes;
+        workers
     }
+}
+
+/// The lane map, its counts by state, and the lanes with the longest backlog.
+fn lane_view(lanes: &[LaneRow]) -> (LaneSummary, String, Vec<HotLane>) {
+    let mut summary = LaneSummary::default();
+    let lane_map: String = lanes
+        .iter()
+        .map(|l| {
+            let state = LaneState::of(l);
+            *match state {
+                LaneState::Free => &mut summary.free,
+                LaneState::Held => &mut summary.held,
+                LaneState::Busy => &mut summary.busy,
+                LaneState::Waiting => &mut summary.waiting,
+                LaneState::Expired => &mut summary.expired,
+            } += 1;
+            state.glyph()
+        })
+        .collect();
+    let mut hot: Vec<&LaneRow> = lanes.iter().filter(|l| l.pending > 0).collect();
+    hot.sort_by(|a, b| b.pending.cmp(&a.pending).then(a.lane.cmp(&b.lane)));
+    let hot_lanes = hot
+        .into_iter()
+        .take(10)
+        .map(|l| HotLane {
+            lane: l.lane,
+            pending: l.pending,
+            owner: l.owner.clone(),
+            oldest_due: l.oldest_due,
+        })
+        .collect();
+    (summary, lane_map, hot_lanes)
 }
 
 fn row(

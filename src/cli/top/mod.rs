@@ -270,61 +270,7 @@ async fn on_key(store: &AnyStore, board: &Board, screen: &mut Screen, k: KeyEven
         return Next::Stay;
     }
     if let Some(dialog) = screen.dialog.take() {
-        screen.said = match (dialog, k.code) {
-            (Dialog::Pause { handler, reason }, KeyCode::Enter) => {
-                let reason = (!reason.trim().is_empty()).then(|| reason.trim().to_owned());
-                let by = super::handlers::operator();
-                let now = chrono::Utc::now();
-                act(
-                    store
-                        .change_controls(&handler, &|c| c.pause(&by, reason.as_deref(), now))
-                        .await,
-                    format!("paused `{handler}`"),
-                    screen,
-                )
-            }
-            (
-                Dialog::Pause {
-                    handler,
-                    mut reason,
-                },
-                code,
-            ) => {
-                match code {
-                    KeyCode::Char(c) => reason.push(c),
-                    KeyCode::Backspace => {
-                        reason.pop();
-                    }
-                    KeyCode::Esc => return Next::Stay,
-                    _ => {}
-                }
-                screen.dialog = Some(Dialog::Pause { handler, reason });
-                return Next::Stay;
-            }
-            (Dialog::Resume { handler }, KeyCode::Char('y')) => act(
-                store.change_controls(&handler, &|c| c.resume()).await,
-                format!("resumed `{handler}`"),
-                screen,
-            ),
-            (Dialog::Requeue { handler, .. }, KeyCode::Char('y')) => {
-                match store.requeue(&for_handler(&handler)).await {
-                    Ok(ids) => Some(format!(
-                        "requeued {} dead deliveries of `{handler}`",
-                        ids.len()
-                    )),
-                    Err(e) => {
-                        screen.error = Some(format!("{e:#}"));
-                        None
-                    }
-                }
-            }
-            _ => {
-                screen.said = Some("cancelled; nothing was changed".into());
-                return Next::Stay;
-            }
-        };
-        // The read this asks for refreshes an open panel too.
-        return Next::Read;
+        return on_dialog_key(store, screen, dialog, k.code).await;
     }
     if screen.delivery.is_some() {
         if matches!(k.code, KeyCode::Esc | KeyCode::Enter | KeyCode::Char('q')) {
@@ -382,6 +328,70 @@ async fn on_key(store: &AnyStore, board: &Board, screen: &mut Screen, k: KeyEven
         _ => {}
     }
     Next::Stay
+}
+
+/// A key while a dialog asks: Enter or `y` does what it asks, Esc or any other key cancels.
+async fn on_dialog_key(
+    store: &AnyStore,
+    screen: &mut Screen,
+    dialog: Dialog,
+    code: KeyCode,
+) -> Next {
+    screen.said = match (dialog, code) {
+        (Dialog::Pause { handler, reason }, KeyCode::Enter) => {
+            let reason = (!reason.trim().is_empty()).then(|| reason.trim().to_owned());
+            let by = super::handlers::operator();
+            let now = chrono::Utc::now();
+            act(
+                store
+                    .change_controls(&handler, &|c| c.pause(&by, reason.as_deref(), now))
+                    .await,
+                format!("paused `{handler}`"),
+                screen,
+            )
+        }
+        (
+            Dialog::Pause {
+                handler,
+                mut reason,
+            },
+            code,
+        ) => {
+            match code {
+                KeyCode::Char(c) => reason.push(c),
+                KeyCode::Backspace => {
+                    reason.pop();
+                }
+                KeyCode::Esc => return Next::Stay,
+                _ => {}
+            }
+            screen.dialog = Some(Dialog::Pause { handler, reason });
+            return Next::Stay;
+        }
+        (Dialog::Resume { handler }, KeyCode::Char('y')) => act(
+            store.change_controls(&handler, &|c| c.resume()).await,
+            format!("resumed `{handler}`"),
+            screen,
+        ),
+        (Dialog::Requeue { handler, .. }, KeyCode::Char('y')) => {
+            match store.requeue(&for_handler(&handler)).await {
+                Ok(ids) => Some(format!(
+                    "requeued {} dead deliveries of `{handler}`",
+                    ids.len()
+                )),
+                Err(e) => {
+                    screen.error = Some(format!("{e:#}"));
+                    None
+                }
+            }
+        }
+        _ => {
+            screen.said = Some("cancelled; nothing was changed".into());
+            return Next::Stay;
+        }
+    };
+    // The read this asks for refreshes an open panel too.
+    Next::Read
 }
 
 /// The requeue `dead requeue --handler NAME` makes.

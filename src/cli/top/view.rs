@@ -11,7 +11,7 @@ use ratatui::widgets::{
 };
 
 use super::super::output::{age, short_id};
-use super::board::{seconds, Board, LaneState, Snapshot};
+use super::board::{seconds, Board, HandlerRow, LaneState, Snapshot};
 use crate::store::{DeliveryDetail, HandlerBacklog};
 
 /// Lanes on one row of the map.
@@ -214,42 +214,103 @@ fn or_dash(r: Option<f64>) -> String {
     r.map(rate).unwrap_or_else(|| "-".into())
 }
 
+/// One handler's row; wide, a pause's reason is in its state.
+fn handler_row<'a>(
+    h: &'a HandlerRow,
+    now: chrono::DateTime<chrono::Utc>,
+    wide: bool,
+    screen: &Screen,
+) -> Row<'a> {
+    let s = &h.stats;
+    let state = match (h.state, h.breaker_open_until) {
+        ("breaker-open", Some(until)) => {
+            format!("open {}", age(seconds(until - now).max(0.0)))
+        }
+        ("paused", _) if wide => match &h.pause_reason {
+            Some(r) => format!("paused: {r}"),
+            None => "paused".into(),
+        },
+        ("probe-due", _) => "probe".into(),
+        (state, _) => state.into(),
+    };
+    let style = match h.state {
+        "running" => Style::new(),
+        "paused" => Style::new().fg(Color::Yellow),
+        _ => Style::new().fg(Color::Red),
+    };
+    Row::new([
+        Cell::from(s.handler.clone()),
+        Cell::from(state).style(screen.style(style)),
+        right(thousands(s.due)),
+        right(thousands(s.scheduled)),
+        right(thousands(s.processing)),
+        right(thousands(s.dead)),
+        right(or_dash(h.per_second)),
+        right(or_dash(h.per_second_last_minute)),
+        right(s.lag_seconds.map(age).unwrap_or_else(|| "-".into())),
+    ])
+}
+
+/// The handlers' frame: its title says when rates cannot be shown; narrow, the selected
+/// handler's pause is under the table, having no column.
+fn handlers_block(snapshot: &Snapshot, screen: &Screen, wide: bool) -> Block<'static> {
+    let title = if snapshot.handlers.iter().any(|h| h.per_second.is_some())
+        || snapshot.handlers.is_empty()
+    {
+        " Handlers "
+    } else {
+        " Handlers (rates need a completion history: run --completion-history) "
+    };
+    let mut block = Block::bordered().title(title);
+    if let Some(h) = snapshot.handlers.get(screen.selected) {
+        if !wide && h.state == "paused" {
+            block = block.title_bottom(format!(
+                " {} paused by {}{} ",
+                h.stats.handler,
+                h.paused_by.as_deref().unwrap_or("-"),
+                h.pause_reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
+            ));
+        }
+    }
+    block
+}
+
+/// Each shown handler's newest rates, beside its row: the table scrolled by `offset` rows.
+fn render_sparks(
+    snapshot: &Snapshot,
+    offset: usize,
+    screen: &Screen,
+    area: Rect,
+    buf: &mut Buffer,
+) {
+    // Beside the rows the table shows, scrolled as it scrolled them; the newest rates.
+    let shown = &snapshot.handlers[offset.min(snapshot.handlers.len())..];
+    let block = Block::bordered().title(" completions per interval ");
+    let inner = block.inner(area);
+    block.render(area, buf);
+    for (i, h) in shown.iter().enumerate() {
+        let y = inner.y + 1 + i as u16;
+        if y >= inner.bottom() {
+            break;
+        }
+        let newest = &h.spark[h.spark.len().saturating_sub(inner.width as usize)..];
+        Sparkline::default()
+            .data(newest)
+            .style(screen.style(Style::new().fg(Color::Green)))
+            .render(Rect::new(inner.x, y, inner.width, 1), buf);
+    }
+}
+
 fn render_handlers(snapshot: &Snapshot, screen: &Screen, area: Rect, buf: &mut Buffer) {
     let wide = area.width >= 120;
     let now = snapshot.at;
     let rows: Vec<Row> = snapshot
         .handlers
         .iter()
-        .map(|h| {
-            let s = &h.stats;
-            let state = match (h.state, h.breaker_open_until) {
-                ("breaker-open", Some(until)) => {
-                    format!("open {}", age(seconds(until - now).max(0.0)))
-                }
-                ("paused", _) if wide => match &h.pause_reason {
-                    Some(r) => format!("paused: {r}"),
-                    None => "paused".into(),
-                },
-                ("probe-due", _) => "probe".into(),
-                (state, _) => state.into(),
-            };
-            let style = match h.state {
-                "running" => Style::new(),
-                "paused" => Style::new().fg(Color::Yellow),
-                _ => Style::new().fg(Color::Red),
-            };
-            Row::new([
-                Cell::from(s.handler.clone()),
-                Cell::from(state).style(screen.style(style)),
-                right(thousands(s.due)),
-                right(thousands(s.scheduled)),
-                right(thousands(s.processing)),
-                right(thousands(s.dead)),
-                right(or_dash(h.per_second)),
-                right(or_dash(h.per_second_last_minute)),
-                right(s.lag_seconds.map(age).unwrap_or_else(|| "-".into())),
-            ])
-        })
+        .map(|h| handler_row(h, now, wide, screen))
         .collect();
     let longest = snapshot
         .handlers
@@ -290,28 +351,7 @@ fn render_handlers(snapshot: &Snapshot, screen: &Screen, area: Rect, buf: &mut B
             .chain(["DUE", "SCHED", "RUN", "DEAD", "/S", "/S 1M", "LAG"].map(|h| right(h.into()))),
     )
     .style(Style::new().bold());
-    let title = if snapshot.handlers.iter().any(|h| h.per_second.is_some())
-        || snapshot.handlers.is_empty()
-    {
-        " Handlers "
-    } else {
-        " Handlers (rates need a completion history: run --completion-history) "
-    };
-    // Narrow, a pause's reason has no column: the selected handler's shows under the table.
-    let mut block = Block::bordered().title(title);
-    if let Some(h) = snapshot.handlers.get(screen.selected) {
-        if !wide && h.state == "paused" {
-            block = block.title_bottom(format!(
-                " {} paused by {}{} ",
-                h.stats.handler,
-                h.paused_by.as_deref().unwrap_or("-"),
-                h.pause_reason
-                    .as_deref()
-                    .map(|r| format!(": {r}"))
-                    .unwrap_or_default()
-            ));
-        }
-    }
+    let block = handlers_block(snapshot, screen, wide);
     let mut state = TableState::new().with_selected(Some(screen.selected));
     ratatui::widgets::StatefulWidget::render(
         Table::new(rows, widths)
@@ -326,22 +366,7 @@ fn render_handlers(snapshot: &Snapshot, screen: &Screen, area: Rect, buf: &mut B
         &mut state,
     );
     if !spark_area.is_empty() {
-        // Beside the rows the table shows, scrolled as it scrolled them; the newest rates.
-        let shown = &snapshot.handlers[state.offset().min(snapshot.handlers.len())..];
-        let block = Block::bordered().title(" completions per interval ");
-        let inner = block.inner(spark_area);
-        block.render(spark_area, buf);
-        for (i, h) in shown.iter().enumerate() {
-            let y = inner.y + 1 + i as u16;
-            if y >= inner.bottom() {
-                break;
-            }
-            let newest = &h.spark[h.spark.len().saturating_sub(inner.width as usize)..];
-            Sparkline::default()
-                .data(newest)
-                .style(screen.style(Style::new().fg(Color::Green)))
-                .render(Rect::new(inner.x, y, inner.width, 1), buf);
-        }
+        render_sparks(snapshot, state.offset(), screen, spark_area, buf);
     }
 }
 

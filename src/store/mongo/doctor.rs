@@ -309,26 +309,7 @@ impl MongoStore {
                 .or_default()
                 .push((id, handler));
         }
-        let ids: Vec<&String> = by_event.keys().collect();
-        let events = self.coll(EVENTS).await?;
-        let mut handlers: HashMap<String, Vec<String>> = HashMap::new();
-        for chunk in ids.chunks(1000) {
-            let cursor = events
-                .find(doc! { "_id": { "$in": chunk } })
-                .projection(doc! { "handlers": 1 })
-                .await
-                .map_err(&failed)?;
-            for e in all::<Document>(cursor).await.map_err(&failed)? {
-                let listed = e.get_array("handlers").map_or(vec![], |a| {
-                    a.iter()
-                        .filter_map(|h| h.as_str().map(str::to_owned))
-                        .collect()
-                });
-                if let Ok(id) = e.get_str("_id") {
-                    handlers.insert(id.to_owned(), listed);
-                }
-            }
-        }
+        let handlers = self.listed_handlers(by_event.keys()).await?;
         for (event, deliveries) in by_event {
             let Some(listed) = handlers.get(&event) else {
                 m.orphaned.extend(deliveries.into_iter().map(|(id, _)| id));
@@ -348,6 +329,37 @@ impl MongoStore {
         m.orphaned.sort_by_key(ToString::to_string);
         m.unsequenced.sort_by_key(ToString::to_string);
         Ok(m)
+    }
+
+    /// The handlers each of these events lists.
+    async fn listed_handlers<'a>(
+        &self,
+        ids: impl Iterator<Item = &'a String>,
+    ) -> Result<HashMap<String, Vec<String>>> {
+        let failed = self
+            .conn
+            .error("could not read the events of the deliveries");
+        let ids: Vec<&String> = ids.collect();
+        let events = self.coll(EVENTS).await?;
+        let mut handlers: HashMap<String, Vec<String>> = HashMap::new();
+        for chunk in ids.chunks(1000) {
+            let cursor = events
+                .find(doc! { "_id": { "$in": chunk } })
+                .projection(doc! { "handlers": 1 })
+                .await
+                .map_err(&failed)?;
+            for e in all::<Document>(cursor).await.map_err(&failed)? {
+                let listed = e.get_array("handlers").map_or(vec![], |a| {
+                    a.iter()
+                        .filter_map(|h| h.as_str().map(str::to_owned))
+                        .collect()
+                });
+                if let Ok(id) = e.get_str("_id") {
+                    handlers.insert(id.to_owned(), listed);
+                }
+            }
+        }
+        Ok(handlers)
     }
 
     /// The rules every delivery keeps when `relaybus publish` writes it, which an application

@@ -202,39 +202,8 @@ impl History for MongoStore {
                 async move |s| {
                     let handler = handler.as_str();
                     let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
-                    let cursor = events_coll
-                        .find(doc! { "_id": { "$in": &ids } })
-                        .projection(doc! { "handlers": 1 })
-                        .session(&mut *s)
-                        .await?;
-                    let named: HashMap<String, bool> = all_in(cursor, s)
-                        .await?
-                        .iter()
-                        .filter_map(|e| {
-                            let id = e.get_str("_id").ok()?.to_owned();
-                            Some((id, handlers(e).iter().any(|h| h == handler)))
-                        })
-                        .collect();
-                    let cursor = deliveries
-                        .find(doc! { "eventId": { "$in": &ids }, "handler": handler })
-                        .projection(doc! { "eventId": 1, "status": 1 })
-                        .session(&mut *s)
-                        .await?;
-                    let live: HashMap<String, bool> = all_in(cursor, s)
-                        .await?
-                        .iter()
-                        .filter_map(|d| {
-                            let id = d.get_str("eventId").ok()?.to_owned();
-                            Some((id, d.get_str("status").ok() != Some("completed")))
-                        })
-                        .collect();
-                    let fresh: Vec<usize> = (0..events.len())
-                        .filter(|&i| {
-                            let id = &events[i].id;
-                            named.get(id).is_some_and(|&named| again || !named)
-                                && !live.get(id).copied().unwrap_or(false)
-                        })
-                        .collect();
+                    let fresh =
+                        replayable(&events_coll, &deliveries, &events, handler, again, s).await?;
                     if fresh.is_empty() {
                         return Ok(vec![]);
                     }
@@ -280,4 +249,50 @@ impl History for MongoStore {
             )
             .await
     }
+}
+
+/// The positions in `events` of those to replay to `handler`: events it is not named by (with
+/// `again`, also those it is) and that have no live delivery to it.
+async fn replayable(
+    events_coll: &mongodb::Collection<Document>,
+    deliveries: &mongodb::Collection<Document>,
+    events: &[EventRow],
+    handler: &str,
+    again: bool,
+    s: &mut mongodb::ClientSession,
+) -> mongodb::error::Result<Vec<usize>> {
+    let ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
+    let cursor = events_coll
+        .find(doc! { "_id": { "$in": &ids } })
+        .projection(doc! { "handlers": 1 })
+        .session(&mut *s)
+        .await?;
+    let named: HashMap<String, bool> = all_in(cursor, s)
+        .await?
+        .iter()
+        .filter_map(|e| {
+            let id = e.get_str("_id").ok()?.to_owned();
+            Some((id, handlers(e).iter().any(|h| h == handler)))
+        })
+        .collect();
+    let cursor = deliveries
+        .find(doc! { "eventId": { "$in": &ids }, "handler": handler })
+        .projection(doc! { "eventId": 1, "status": 1 })
+        .session(&mut *s)
+        .await?;
+    let live: HashMap<String, bool> = all_in(cursor, s)
+        .await?
+        .iter()
+        .filter_map(|d| {
+            let id = d.get_str("eventId").ok()?.to_owned();
+            Some((id, d.get_str("status").ok() != Some("completed")))
+        })
+        .collect();
+    Ok((0..events.len())
+        .filter(|&i| {
+            let id = &events[i].id;
+            named.get(id).is_some_and(|&named| again || !named)
+                && !live.get(id).copied().unwrap_or(false)
+        })
+        .collect())
 }

@@ -405,45 +405,48 @@ impl PgStore {
                 },
             ));
         }
-        checks.extend(drift.foreign.into_iter().map(|i| {
-            if i.blocks {
-                Check::warn(
-                    "index",
-                    &i.name,
-                    format!(
-                        "not relaybus's, and names the 0.1 status `processing`, which 0.2 never \
-                         writes: {}",
-                        i.definition
-                    ),
-                    "drop it",
-                )
-                .with_fix(format!("{}\n", i.drop_statement))
-            } else if let Some(by) = &i.covered_by {
-                Check::warn(
-                    "index",
-                    &i.name,
-                    format!(
-                        "not relaybus's: {}; its columns are all in relaybus's {by}",
-                        i.definition
-                    ),
-                    "relaybus keeps it; if no query of the application needs it, drop it (the \
-                     fix script has the statement, commented out)",
-                )
-                .with_fix(format!(
-                    "-- Covered by {by}; uncomment to drop it, outside a transaction:\n\
-                     -- DROP INDEX CONCURRENTLY {};\n",
-                    self.ns.qualified(&i.name)
-                ))
-            } else {
-                Check::warn(
-                    "index",
-                    &i.name,
-                    format!("not relaybus's: {}", i.definition),
-                    "relaybus keeps it; it slows every write of the table it indexes",
-                )
-            }
-        }));
+        checks.extend(drift.foreign.iter().map(|i| self.foreign_index_check(i)));
         Ok(checks)
+    }
+
+    /// An index of the application's on a relaybus table: kept, with a warning of its cost.
+    fn foreign_index_check(&self, i: &crate::store::ForeignIndex) -> Check {
+        if i.blocks {
+            Check::warn(
+                "index",
+                &i.name,
+                format!(
+                    "not relaybus's, and names the 0.1 status `processing`, which 0.2 never \
+                     writes: {}",
+                    i.definition
+                ),
+                "drop it",
+            )
+            .with_fix(format!("{}\n", i.drop_statement))
+        } else if let Some(by) = &i.covered_by {
+            Check::warn(
+                "index",
+                &i.name,
+                format!(
+                    "not relaybus's: {}; its columns are all in relaybus's {by}",
+                    i.definition
+                ),
+                "relaybus keeps it; if no query of the application needs it, drop it (the \
+                 fix script has the statement, commented out)",
+            )
+            .with_fix(format!(
+                "-- Covered by {by}; uncomment to drop it, outside a transaction:\n\
+                 -- DROP INDEX CONCURRENTLY {};\n",
+                self.ns.qualified(&i.name)
+            ))
+        } else {
+            Check::warn(
+                "index",
+                &i.name,
+                format!("not relaybus's: {}", i.definition),
+                "relaybus keeps it; it slows every write of the table it indexes",
+            )
+        }
     }
 
     async fn lane_check(&self, client: &impl GenericClient, script: &str) -> Result<Check> {

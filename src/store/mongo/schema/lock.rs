@@ -39,7 +39,7 @@ impl MongoStore {
         let schema = self.coll(SCHEMA).await?;
         let me = uuid::Uuid::now_v7().to_string();
         let failed = self.conn.error("could not take the setup lock");
-        let (host, pid) = (crate::dispatch::hostname(), std::process::id() as i64);
+        let (host, pid) = (crate::identity::hostname(), std::process::id() as i64);
         loop {
             let now = DateTime::now();
             let taken = schema

@@ -6,6 +6,7 @@ use tokio_postgres::{Client, GenericClient, Transaction};
 
 use super::super::conn::db;
 use super::super::PgStore;
+use super::drift::IndexDrift;
 use super::locks::setup_lock_key;
 use super::online::{online_locks, online_steps};
 use super::render::{
@@ -14,9 +15,9 @@ use super::render::{
 use std::time::Duration;
 
 use crate::store::{
-    ContractPlan, Conversion, Expansion, ForeignIndex, LiveLeases, Locks, Namespace, Result,
-    Schema, SchemaStatus, Script, SetupOutcome, StoreError, UpgradeCounts, UpgradePlan,
-    UpgradeProgress, UpgradeStep, SCHEMA_VERSION,
+    ContractPlan, Conversion, Expansion, LiveLeases, Locks, Namespace, Result, Schema,
+    SchemaStatus, Script, SetupOutcome, StoreError, UpgradeCounts, UpgradePlan, UpgradeProgress,
+    UpgradeStep, SCHEMA_VERSION,
 };
 
 /// Setup, the conversion and its plan read and rewrite whole tables, for which a sequential
@@ -153,37 +154,6 @@ impl PgStore {
         Err(StoreError::ForeignObjects {
             found: found.join(", "),
         })
-    }
-
-    /// How the indexes differ from 0.2's, by definition.
-    pub(in crate::store::postgres) async fn index_drift(
-        &self,
-        client: &impl GenericClient,
-    ) -> Result<IndexDrift> {
-        let mut drift = IndexDrift::default();
-        for row in client
-            .query_typed(&self.sql.index_drift.text, &[])
-            .await
-            .map_err(db("could not compare the indexes with 0.2's"))?
-        {
-            let name: String = row.get(0);
-            match row.get::<_, &str>(1) {
-                "drop" => drift.dropped.push(name),
-                "invalid" => {
-                    drift.invalid.push(name.clone());
-                    drift.dropped.push(name);
-                }
-                "create" => drift.created.push(name),
-                action => drift.foreign.push(ForeignIndex {
-                    drop_statement: format!("DROP INDEX {};", self.ns.qualified(&name)),
-                    name,
-                    definition: row.get(2),
-                    blocks: action == "blocking",
-                    covered_by: row.get(3),
-                }),
-            }
-        }
-        Ok(drift)
     }
 
     /// Whether this role may create objects in the schema (and so repair a store).
@@ -337,26 +307,6 @@ impl PgStore {
             .await
             .map_err(db("could not commit the upgrade"))?;
         Ok(SetupOutcome { before, after })
-    }
-}
-
-/// How a namespace's indexes differ from 0.2's (`sql/postgres/schema/index_drift.sql`).
-#[derive(Debug, Default)]
-pub(in crate::store::postgres) struct IndexDrift {
-    /// Indexes the install drops: 0.1's, copies of 0.2's, 0.2 names defined otherwise.
-    pub(in crate::store::postgres) dropped: Vec<String>,
-    /// 0.2 indexes the install creates.
-    pub(in crate::store::postgres) created: Vec<String>,
-    /// 0.2 indexes an interrupted concurrent build left invalid (in `dropped` too).
-    pub(in crate::store::postgres) invalid: Vec<String>,
-    /// The application's indexes, which relaybus keeps.
-    pub(in crate::store::postgres) foreign: Vec<ForeignIndex>,
-}
-
-impl IndexDrift {
-    /// Every 0.2 index, as 0.2 defines it, and no other of relaybus's.
-    fn is_exact(&self) -> bool {
-        self.dropped.is_empty() && self.created.is_empty()
     }
 }
 

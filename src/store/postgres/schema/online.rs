@@ -11,7 +11,7 @@ use tokio_postgres::Client;
 use super::super::conn::db;
 use super::super::sql::{sql_file, Sql};
 use super::super::PgStore;
-use super::migrate::IndexDrift;
+use super::drift::IndexDrift;
 use super::render::{index_statement, render, INSTALL, PRELUDE};
 use crate::store::{
     Locks, Namespace, Result, SchemaStatus, SetupOutcome, StoreError, UpgradeCounts,
