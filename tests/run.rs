@@ -13,7 +13,8 @@ use crate::common::drain::three_workers_drain_exactly_once;
 use crate::common::http::serve;
 use crate::common::scenario::Target;
 use crate::common::{
-    finish, reads_of, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, TestSchema,
+    finish, reads_of, signal, spawn_worker, stderr, stdout, wait_in_flight, wait_until, Spawned,
+    TestSchema,
 };
 
 /// `count` unkeyed events for handler `h` whose ids fall in lanes 0 to `lanes` - 1.
@@ -790,5 +791,55 @@ fn a_killed_worker_s_deliveries_run_beside_a_busy_survivor_within_the_lease() {
         &|events| s.publish(events),
         &|args| spawn_worker(&s, args),
         10_000,
+    );
+}
+
+/// A schema name of 48 or more characters made the NOTIFY channel longer than the server
+/// accepts; the failure was swallowed and idle workers waited for their poll. A worker that
+/// polls once an hour must still be woken at once.
+#[test]
+fn wake_ups_reach_workers_of_a_schema_with_a_long_name() {
+    let s = TestSchema::installed("wakeup_with_a_schema_name_long_enough_to_pass_the_limit");
+    assert_eq!(s.name.len(), 63);
+    let dir = tempfile::tempdir().unwrap();
+    let done = dir.path().join("done");
+    let app = format!("wake-{}", std::process::id());
+    let worker = StdCommand::new(assert_cmd::cargo::cargo_bin("relaybus"))
+        .env("RELAYBUS_DATABASE_URL", crate::common::database_url())
+        .env("PGAPPNAME", &app)
+        .args([
+            "--schema",
+            &s.name,
+            "run",
+            "--handler",
+            "h",
+            "--poll-interval",
+            "1h",
+        ])
+        .args(["--exec", &format!("cat > {}", done.display())])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map(Spawned::from)
+        .unwrap();
+    let listening = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{app}' AND query LIKE 'LISTEN %'"
+    );
+    wait_until("the worker's listener", Duration::from_secs(20), || {
+        s.count(&listening) > 0
+    });
+    // The first claim found nothing; from here only a wake-up brings the event within the hour.
+    std::thread::sleep(Duration::from_millis(300));
+    s.publish_ids(&["wake"], "h");
+    wait_until(
+        "the woken worker to handle the event",
+        Duration::from_secs(20),
+        || done.exists(),
+    );
+    signal(&worker, nix::sys::signal::Signal::SIGTERM);
+    let out = finish(worker, Duration::from_secs(30));
+    assert_eq!(
+        stdout(&out),
+        "handled 1, failed attempts 0, dead 0, lease lost 0, released 0\n"
     );
 }

@@ -1,6 +1,9 @@
 //! setup, schema-sql and upgrade against the real server.
 
-use crate::common::{on_a_terminal, stderr, stdout, TestSchema};
+use std::process::Command as StdCommand;
+use std::time::Duration;
+
+use crate::common::{finish, on_a_terminal, relaybus, stderr, stdout, Spawned, TestSchema};
 
 /// The catalog of a schema: tables, columns, indexes, constraints and storage options.
 pub(crate) fn catalog(s: &TestSchema) -> Vec<String> {
@@ -1054,4 +1057,207 @@ fn bad_names_and_urls_are_refused_with_what_to_do() {
     assert!(!stderr(&out).contains("hunter2"));
     assert!(stderr(&out)
         .starts_with("error: could not connect to PostgreSQL at 127.0.0.1:1/x as app: "));
+}
+
+/// The setup lock queues upgraders: a second upgrade waits for the first however long it
+/// converts (its --lock-timeout guards the tables, not the queue), then finds the store
+/// current and says so, instead of failing after the timeout.
+#[test]
+fn an_upgrade_waits_for_the_setup_lock_and_finds_the_store_converted() {
+    let s = TestSchema::with_fixture_0_1("upgrade_waits");
+    let script = stdout(
+        &s.cmd()
+            .args(["schema-sql", "--from", "0.1"])
+            .output()
+            .unwrap(),
+    );
+    let key: i64 = script
+        .lines()
+        .find_map(|l| l.strip_prefix("SELECT pg_advisory_xact_lock("))
+        .and_then(|r| r.strip_suffix(");"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let holder = crate::common::connect();
+    crate::common::block_on(
+        holder.batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock({key})")),
+    )
+    .unwrap();
+    let mut waiter = StdCommand::new(assert_cmd::cargo::cargo_bin("relaybus"))
+        .env("RELAYBUS_DATABASE_URL", crate::common::database_url())
+        .args([
+            "--schema",
+            &s.name,
+            "--lock-timeout",
+            "300ms",
+            "upgrade",
+            "--yes",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map(Spawned::from)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        waiter.try_wait().unwrap().is_none(),
+        "the upgrade stopped waiting"
+    );
+    // The lock's holder converts the store, as a first upgrade would, and commits.
+    crate::common::block_on(holder.batch_execute(&script)).unwrap();
+    crate::common::block_on(holder.batch_execute("COMMIT")).unwrap();
+    let out = finish(waiter, Duration::from_secs(30));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.starts_with("found: schema 0.1\n"), "{text}");
+    assert!(
+        text.ends_with(
+            "relaybus schema is 0.2 now: another session converted it while this one waited \
+             for the setup lock; nothing was changed\n"
+        ),
+        "{text}"
+    );
+}
+
+/// A runtime role with the grants `schema-sql --grants` renders runs publish, workers and the
+/// admin commands, and `setup` on a current store reports it current instead of failing on
+/// privileges it need not have.
+#[test]
+fn a_runtime_role_with_the_rendered_grants_runs_everything_but_schema_changes() {
+    struct Role(String);
+    impl Drop for Role {
+        fn drop(&mut self) {
+            let admin = crate::common::connect();
+            let _ = crate::common::block_on(admin.batch_execute(&format!(
+                "DROP OWNED BY \"{0}\"; DROP ROLE IF EXISTS \"{0}\"",
+                self.0
+            )));
+        }
+    }
+    let s = TestSchema::installed("runtime_role");
+    let db = crate::common::database_name();
+    let role = Role(format!("rb_app_{}", std::process::id()));
+    s.exec(&format!(
+        "DROP ROLE IF EXISTS \"{0}\"; CREATE ROLE \"{0}\" LOGIN",
+        role.0
+    ));
+    let grants = s
+        .cmd()
+        .args(["schema-sql", "--grants", &role.0])
+        .output()
+        .unwrap();
+    assert!(grants.status.success(), "{}", stderr(&grants));
+    s.exec(&stdout(&grants));
+    let url = format!("postgres://{}@127.0.0.1:5432/{db}", role.0);
+    let as_role = |args: &[&str]| {
+        let out = s
+            .cmd()
+            .env("RELAYBUS_DATABASE_URL", &url)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        stdout(&out)
+    };
+    assert_eq!(
+        as_role(&["setup"]),
+        format!(
+            "relaybus schema 0.2 already installed (schema \"{}\", prefix \"relaybus_\"); nothing to do\n",
+            s.name
+        )
+    );
+    as_role(&["setup", "--check"]);
+    as_role(&["upgrade", "--dry-run"]);
+    as_role(&[
+        "publish",
+        "--type",
+        "t",
+        "--id",
+        "e1",
+        "--handler",
+        "h",
+        "--handler",
+        "dies",
+    ]);
+    as_role(&["run", "--handler", "h", "--exec", "true", "--drain"]);
+    as_role(&[
+        "run",
+        "--handler",
+        "dies",
+        "--exec",
+        "exit 65",
+        "--drain",
+        "--completion-history",
+    ]);
+    as_role(&["dead", "list"]);
+    as_role(&["dead", "requeue", "--all", "--yes"]);
+    as_role(&["deliveries", "list"]);
+    as_role(&["events", "show", "e1"]);
+    as_role(&["lanes"]);
+    as_role(&["stats"]);
+    as_role(&[
+        "purge",
+        "--completed-older-than",
+        "0s",
+        "--dead-older-than",
+        "0s",
+        "--yes",
+    ]);
+    let out = relaybus()
+        .env("RELAYBUS_DATABASE_URL", &url)
+        .args(["--schema", "elsewhere_entirely", "setup"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "a new store needs the owner");
+}
+
+/// `CREATE TABLE IF NOT EXISTS` does not look at the table it finds: setup took an
+/// application's `events` for its own, and purge then deleted the application's rows. Objects
+/// of relaybus's names must have relaybus's shape; an empty prefix and PostgreSQL's own schemas
+/// are refused.
+#[test]
+fn setup_refuses_to_adopt_an_application_s_table() {
+    let s = TestSchema::new("foreign_table");
+    s.exec(&format!(
+        "CREATE SCHEMA \"{0}\"; CREATE TABLE \"{0}\".app_events (id text PRIMARY KEY, title text); \
+         INSERT INTO \"{0}\".app_events VALUES ('a', 'keep me')",
+        s.name
+    ));
+    let out = s
+        .cmd()
+        .args(["--prefix", "app_", "setup"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        stderr(&out),
+        format!(
+            "error: objects of relaybus's names that are not relaybus's are in the way: \
+             `{}.app_events` (it has no column created_at, headers, key, payload, type); choose \
+             another --schema or --prefix, or move them; nothing was changed\n",
+            s.name
+        )
+    );
+    assert_eq!(
+        s.rows(&format!(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+              WHERE n.nspname = '{}' AND c.relkind = 'r'",
+            s.name
+        )),
+        ["app_events"]
+    );
+    for (args, message) in [
+        (["--prefix", "", "setup"], "error: invalid prefix ``: it is empty; pass a name like `relaybus_`\n"),
+        (
+            ["--schema", "information_schema", "setup"],
+            "error: invalid schema `information_schema`: it is a schema of PostgreSQL's own; pass a name like `public`\n",
+        ),
+    ] {
+        let out = relaybus()
+            .env("RELAYBUS_DATABASE_URL", crate::common::database_url())
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!((out.status.code(), stderr(&out)), (Some(2), message.to_owned()));
+    }
 }

@@ -54,6 +54,15 @@ pub trait Target {
             .unwrap();
         assert!(out.status.success(), "{}", stderr(&out));
     }
+
+    /// Publishes one unkeyed event of type `t` per id, each for `handler`.
+    fn publish_ids(&self, ids: &[&str], handler: &str) {
+        let events: Vec<Value> = ids
+            .iter()
+            .map(|id| serde_json::json!({"id": id, "type": "t", "handlers": [handler]}))
+            .collect();
+        self.publish(&events);
+    }
 }
 
 fn binary(url: &str, schema: &str) -> StdCommand {
