@@ -332,14 +332,14 @@ fn processing_lanes_and_stats_are_derived_from_live_leases() {
     let table = stdout(&s.cmd().arg("stats").output().unwrap());
     assert_eq!(
         table.lines().next().unwrap(),
-        "HANDLER  STATE   DUE  SCHEDULED  PROCESSING  DEAD  COMPLETED  LAG"
+        "HANDLER  STATE    DUE  SCHEDULED  PROCESSING  DEAD  COMPLETED  LAG"
     );
     assert!(
         table
             .lines()
             .last()
             .unwrap()
-            .starts_with("TOTAL            1    0          1           1     0          "),
+            .starts_with("TOTAL             1    0          1           1     0          "),
         "{table}"
     );
     signal(&worker, nix::sys::signal::Signal::SIGTERM);
@@ -531,8 +531,8 @@ fn listings_fit_an_80_column_terminal() {
         rows,
         [
             ["HANDLER", "STATE"],
-            ["billing", "active"],
-            ["crm", "active"],
+            ["billing", "running"],
+            ["crm", "running"],
             ["TOTAL", "1"]
         ],
         "{text}"

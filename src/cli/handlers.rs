@@ -13,7 +13,7 @@ use serde_json::json;
 use super::names::known_handler;
 use super::output::{age, time, when};
 use super::{usage, GlobalArgs, Output};
-use crate::store::controls::{Breaker, HandlerControl};
+use crate::store::controls::{Breaker, HandlerControl, HandlerState};
 use crate::store::prelude::*;
 use crate::store::{HandlerStats, StoreOptions};
 
@@ -215,8 +215,9 @@ fn report(
 
 /// One row of `handlers list`.
 #[derive(Serialize)]
-struct HandlerState {
+struct Listed {
     handler: String,
+    state: HandlerState,
     paused: bool,
     paused_at: Option<chrono::DateTime<Utc>>,
     paused_by: Option<String>,
@@ -251,10 +252,11 @@ pub(super) async fn states<S: Store>(store: &S) -> Result<Vec<(HandlerStats, Han
 
 async fn list<S: Store>(store: &S, out: &Output) -> Result<ExitCode> {
     let now = Utc::now();
-    let states: Vec<HandlerState> = states(store)
+    let states: Vec<Listed> = states(store)
         .await?
         .into_iter()
-        .map(|(s, c)| HandlerState {
+        .map(|(s, c)| Listed {
+            state: c.state(now),
             paused: c.paused(),
             breaker: c.breaker(now),
             handler: s.handler,
@@ -281,7 +283,7 @@ async fn list<S: Store>(store: &S, out: &Output) -> Result<ExitCode> {
         .map(|h| {
             vec![
                 h.handler.clone(),
-                if h.paused { "paused" } else { "active" }.into(),
+                h.state.name().into(),
                 if out.terminal() {
                     when(h.paused_at)
                 } else {
@@ -308,7 +310,7 @@ async fn list<S: Store>(store: &S, out: &Output) -> Result<ExitCode> {
 }
 
 /// A breaker for a table: `closed`, `closed (3 failures)`, `open until 14:02:11`, `probe due`.
-fn breaker(h: &HandlerState) -> String {
+fn breaker(h: &Listed) -> String {
     match (h.breaker, h.open_until) {
         (Breaker::Closed, _) if h.failures > 0 => format!("closed ({} failures)", h.failures),
         (Breaker::Open, Some(until)) => format!("open until {}", until.format("%H:%M:%S")),

@@ -247,14 +247,9 @@ pub(super) async fn run_stats(g: &GlobalArgs, out: &Output, _: StatsArgs) -> Res
     let mut rows: Vec<Vec<String>> = states
         .iter()
         .map(|(s, c)| {
-            let state = match (c.paused(), c.breaker(now)) {
-                (true, _) => "paused".to_owned(),
-                (false, Breaker::Closed) => "active".to_owned(),
-                (false, b) => format!("breaker {}", b.name()),
-            };
             vec![
                 s.handler.clone(),
-                state,
+                c.state(now).name().to_owned(),
                 s.due.to_string(),
                 s.scheduled.to_string(),
                 s.processing.to_string(),

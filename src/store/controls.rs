@@ -84,6 +84,29 @@ impl Breaker {
     }
 }
 
+/// What a handler's controls let workers do with it now: the one word every command shows for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HandlerState {
+    Running,
+    Paused,
+    /// Its breaker is open: nothing is sent until the cool-down ends.
+    BreakerOpen,
+    /// The cool-down ended: the next request is the probe.
+    ProbeDue,
+}
+
+impl HandlerState {
+    pub fn name(self) -> &'static str {
+        match self {
+            HandlerState::Running => "running",
+            HandlerState::Paused => "paused",
+            HandlerState::BreakerOpen => "breaker-open",
+            HandlerState::ProbeDue => "probe-due",
+        }
+    }
+}
+
 impl HandlerControl {
     pub fn new(handler: &str) -> Self {
         Self {
@@ -101,6 +124,16 @@ impl HandlerControl {
             None => Breaker::Closed,
             Some(until) if until > now => Breaker::Open,
             Some(_) => Breaker::ProbeDue,
+        }
+    }
+
+    /// A pause first: a paused handler's breaker does not matter until it is resumed.
+    pub fn state(&self, now: DateTime<Utc>) -> HandlerState {
+        match (self.paused(), self.breaker(now)) {
+            (true, _) => HandlerState::Paused,
+            (false, Breaker::Closed) => HandlerState::Running,
+            (false, Breaker::Open) => HandlerState::BreakerOpen,
+            (false, Breaker::ProbeDue) => HandlerState::ProbeDue,
         }
     }
 

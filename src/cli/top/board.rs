@@ -320,12 +320,7 @@ fn row(
     let breaker = c.breaker(now);
     HandlerRow {
         stats,
-        state: match (c.paused(), breaker) {
-            (true, _) => "paused",
-            (false, Breaker::Closed) => "running",
-            (false, Breaker::Open) => "breaker-open",
-            (false, Breaker::ProbeDue) => "probe-due",
-        },
+        state: c.state(now).name(),
         paused_by: c.paused_by.clone(),
         pause_reason: c.pause_reason.clone(),
         breaker_open_until: c.open_until.filter(|_| breaker == Breaker::Open),
