@@ -1,6 +1,6 @@
-//! Choosing the engine: a URL's scheme names it, `open` returns one type every command uses, and
-//! `schema_script` renders an engine's schema without connecting. A second engine is a variant
-//! here and an arm in `on_engine!`.
+//! Opening the engine a URL names (`Engine::of`): `open` returns one type every command uses,
+//! and `schema_script` renders an engine's schema without connecting. A second engine is a
+//! variant of `Engine` and of `Engines` here, and an arm in `on_engine!`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
