@@ -26,8 +26,8 @@ import psycopg
 
 SQL = pathlib.Path(__file__).resolve().parent.parent / "sql" / "postgres"
 
-# What a refresh reads (`top::sample`): `stats`, the controls, `lanes`, the store's counters.
-REFRESH = ["admin/stats", "controls/list", "admin/lanes", "bench/server_counters",
+# What a refresh reads (`top::sample`): `stats`, the handler rows, `lanes`, the store's counters.
+REFRESH = ["admin/stats", "handlers/list", "admin/lanes", "bench/server_counters",
            "bench/table_counters"]
 # What a handler's panel adds (`Inspect::backlog`), for one handler, 50 rows.
 PANEL = ["admin/dead_newest", "admin/backlog_keys"]

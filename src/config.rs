@@ -13,7 +13,7 @@ use thiserror::Error;
 use crate::bounds::Bounds;
 use crate::dispatch::{HandlerSpec, RetryPolicy, Runner};
 use crate::handler::{Handler, NoopHandler, ShellHandler, WebhookHandler, WebhookSecret};
-use crate::store::controls::BreakerPolicy;
+use crate::store::handlers::BreakerPolicy;
 
 /// The time one attempt may take, unless configured.
 pub const TIMEOUT: Duration = Duration::from_secs(30);

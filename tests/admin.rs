@@ -845,14 +845,14 @@ fn a_purge_asked_on_a_terminal_shows_a_sample_of_the_old_dead_and_no_deletes_not
 /// A handler name the store has never seen is a typo until said otherwise: every command that
 /// takes one refuses it (exit 2), writing nothing, naming the closest handlers it knows.
 /// `handlers pause --new` pauses a handler before its first event on purpose; `handlers
-/// forget` removes the controls of a handler with nothing left. A type no event has is only
+/// forget` removes the row of a handler with nothing left. A type no event has is only
 /// warned about.
 #[test]
 fn an_unknown_handler_is_refused_everywhere_with_the_closest_names() {
     let s = TestSchema::installed("unknown_handler");
     s.publish(&[json!({"id": "e1", "type": "order.paid", "handlers": ["billing", "crm"]})]);
     let refused = "error: no handler `biling` in this store (no event names it, no delivery, \
-                   no control row); did you mean `billing`?\n";
+                   no row in the handlers table); did you mean `billing`?\n";
     for args in [
         &["handlers", "pause", "biling", "--reason", "x"][..],
         &["handlers", "resume", "biling"],
@@ -876,8 +876,8 @@ fn an_unknown_handler_is_refused_everywhere_with_the_closest_names() {
         .unwrap();
     assert_eq!(
         stderr(&far),
-        "error: no handler `ledger` in this store (no event names it, no delivery, no control \
-         row); the store's handlers: `billing`, `crm`\n"
+        "error: no handler `ledger` in this store (no event names it, no delivery, no row in \
+         the handlers table); the store's handlers: `billing`, `crm`\n"
     );
     assert_eq!(
         s.count(&format!("SELECT count(*) FROM {}", s.table("handlers"))),
@@ -916,7 +916,7 @@ fn an_unknown_handler_is_refused_everywhere_with_the_closest_names() {
         .args(["handlers", "forget", "search-index"])
         .assert()
         .success()
-        .stdout("forgot handler `search-index`: its controls are gone\n");
+        .stdout("forgot handler `search-index`: its row is gone\n");
     let warned = s
         .cmd()
         .args(["deliveries", "list", "--type", "order.payed"])

@@ -9,7 +9,7 @@ use relaybus::dispatch::{
     DispatchOptions, Dispatcher, HandlerSpec, Reporter, RetryPolicy, Runner, Shutdown,
 };
 use relaybus::handler::{Gate, Handler, HandlerFuture, Outcome};
-use relaybus::store::controls::BreakerPolicy;
+use relaybus::store::handlers::BreakerPolicy;
 use relaybus::store::prelude::*;
 use relaybus::store::{ClaimedDelivery, EventLimits, NewEvent, StoreOptions};
 

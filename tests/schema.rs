@@ -845,7 +845,7 @@ fn a_0_2_store_without_the_handlers_table_is_completed_by_setup() {
         .args(["handlers", "list"])
         .assert()
         .success()
-        .stdout("no handler has deliveries or controls\n");
+        .stdout("no handler has deliveries or a row\n");
 }
 
 /// A 0.2 store whose publish functions are missing, or are another binary's (a body that

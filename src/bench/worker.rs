@@ -18,7 +18,7 @@ use crate::dispatch::{
 };
 use crate::handler::{Gate, Handler, HandlerFuture, Outcome};
 use crate::store::bench::BenchStore;
-use crate::store::controls::BreakerPolicy;
+use crate::store::handlers::BreakerPolicy;
 use crate::store::prelude::*;
 use crate::store::{AnyStore, ClaimedDelivery, Namespace, NewEvent, StoreOptions};
 

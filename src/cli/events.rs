@@ -121,7 +121,7 @@ pub struct ReplayArgs {
     /// wrong. Run again after an interruption, continue with --after the event it names.
     #[arg(long)]
     pub again: bool,
-    /// A handler the store has not seen yet (no event, delivery or control row names it), on
+    /// A handler the store has not seen yet (no event, delivery or row of the handlers table names it), on
     /// purpose. Without it, an unknown name is refused as a typo.
     #[arg(long)]
     pub new: bool,

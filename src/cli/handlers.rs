@@ -13,7 +13,7 @@ use serde_json::json;
 use super::names::known_handler;
 use super::output::{age, time, when};
 use super::{usage, GlobalArgs, Output};
-use crate::store::controls::{Breaker, HandlerControl, HandlerState};
+use crate::store::handlers::{Breaker, HandlerRow, HandlerState};
 use crate::store::prelude::*;
 use crate::store::{HandlerStats, StoreOptions};
 
@@ -40,7 +40,7 @@ pub struct HandlersArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum HandlersCommand {
-    /// Every handler with deliveries or controls: paused since, by whom and why, due, dead,
+    /// Every handler with deliveries or a row: paused since, by whom and why, due, dead,
     /// lag, and its circuit breaker.
     List,
     /// Stop every worker of the store from claiming a handler's deliveries.
@@ -69,7 +69,7 @@ pub enum HandlersCommand {
         /// The handler.
         name: String,
     },
-    /// Remove a handler's controls (its pause, its breaker) once it has no delivery left, so
+    /// Remove a handler's row (its pause, its breaker) once it has no delivery left, so
     /// that `handlers list` and `stats` stop showing it.
     Forget {
         /// The handler.
@@ -92,7 +92,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: HandlersArgs) -> Res
         HandlersCommand::Resume { name } => {
             known_handler(&store, checked(&name)?).await?;
             let changed = store
-                .change_controls(checked(&name)?, &|c| c.resume())
+                .change_handler(checked(&name)?, &|c| c.resume())
                 .await?;
             let said = match &changed {
                 Some(_) => format!(
@@ -105,7 +105,7 @@ pub(super) async fn run(g: &GlobalArgs, out: &Output, args: HandlersArgs) -> Res
         HandlersCommand::CloseBreaker { name } => {
             known_handler(&store, checked(&name)?).await?;
             let changed = store
-                .change_controls(checked(&name)?, &|c| c.close_breaker())
+                .change_handler(checked(&name)?, &|c| c.close_breaker())
                 .await?;
             let said = match &changed {
                 Some(_) => format!(
@@ -135,7 +135,7 @@ async fn pause<S: Store>(
     let now = Utc::now();
     let since = std::sync::Mutex::new(None);
     let changed = store
-        .change_controls(checked(name)?, &|c| {
+        .change_handler(checked(name)?, &|c| {
             *since.lock().expect("since lock") = c.paused_at;
             c.pause(&by, reason, now)
         })
@@ -173,13 +173,13 @@ async fn forget<S: Store>(store: &S, out: &Output, name: &str) -> Result<ExitCod
              dead); forget it once none is left"
         );
     }
-    let forgot = store.forget_controls(name).await?;
+    let forgot = store.forget_handler(name).await?;
     if out.json {
         out.print_json(&json!({"handler": name, "changed": forgot}))?;
     } else if forgot {
-        out.line(format!("forgot handler `{name}`: its controls are gone"))?;
+        out.line(format!("forgot handler `{name}`: its row is gone"))?;
     } else {
-        out.line(format!("handler `{name}` has no controls; nothing changed"))?;
+        out.line(format!("handler `{name}` has no row; nothing changed"))?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -197,16 +197,9 @@ pub(super) fn operator() -> String {
     format!("{user}@{}", crate::identity::hostname())
 }
 
-fn report(
-    out: &Output,
-    name: &str,
-    changed: Option<HandlerControl>,
-    said: &str,
-) -> Result<ExitCode> {
+fn report(out: &Output, name: &str, changed: Option<HandlerRow>, said: &str) -> Result<ExitCode> {
     if out.json {
-        out.print_json(
-            &json!({"handler": name, "changed": changed.is_some(), "controls": changed}),
-        )?;
+        out.print_json(&json!({"handler": name, "changed": changed.is_some(), "row": changed}))?;
     } else {
         out.line(said)?;
     }
@@ -231,20 +224,17 @@ struct Listed {
     open_until: Option<chrono::DateTime<Utc>>,
 }
 
-/// Every handler's statistics beside its controls, by name.
-pub(super) async fn states<S: Store>(store: &S) -> Result<Vec<(HandlerStats, HandlerControl)>> {
-    let mut by_name: BTreeMap<String, (HandlerStats, HandlerControl)> = BTreeMap::new();
+/// Every handler's statistics beside its row, by name.
+pub(super) async fn states<S: Store>(store: &S) -> Result<Vec<(HandlerStats, HandlerRow)>> {
+    let mut by_name: BTreeMap<String, (HandlerStats, HandlerRow)> = BTreeMap::new();
     for s in store.stats().await? {
-        let c = HandlerControl::new(&s.handler);
+        let c = HandlerRow::new(&s.handler);
         by_name.insert(s.handler.clone(), (s, c));
     }
-    for c in store.controls().await? {
-        let entry = by_name.entry(c.handler.clone()).or_insert_with(|| {
-            (
-                HandlerStats::empty(&c.handler),
-                HandlerControl::new(&c.handler),
-            )
-        });
+    for c in store.handler_rows().await? {
+        let entry = by_name
+            .entry(c.handler.clone())
+            .or_insert_with(|| (HandlerStats::empty(&c.handler), HandlerRow::new(&c.handler)));
         entry.1 = c;
     }
     Ok(by_name.into_values().collect())
@@ -275,7 +265,7 @@ async fn list<S: Store>(store: &S, out: &Output) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if states.is_empty() {
-        out.line("no handler has deliveries or controls")?;
+        out.line("no handler has deliveries or a row")?;
         return Ok(ExitCode::SUCCESS);
     }
     let rows: Vec<Vec<String>> = states

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::output::{age, time, when};
 use super::{GlobalArgs, Output};
-use crate::store::controls::Breaker;
+use crate::store::handlers::Breaker;
 use crate::store::prelude::*;
 use crate::store::{HandlerStats, LaneRow, StoreOptions};
 

@@ -1,5 +1,5 @@
 //! Names an operator types. A handler the store has never seen (no event names it, no delivery,
-//! no control row) is a typo until the operator says otherwise: a command that would act on it,
+//! no row in the handlers table) is a typo until the operator says otherwise: a command that would act on it,
 //! or list nothing for it, refuses (exit 2) naming the closest handlers it knows. An event type
 //! is open-ended, so one never seen is only warned about. An id may be given as the part a
 //! table shows (its end) or any unique start or end of it.
@@ -18,7 +18,7 @@ pub(super) async fn known_handler<S: Store>(store: &S, name: &str) -> Result<()>
         .into_iter()
         .map(|s| s.handler)
         .collect();
-    known.extend(store.controls().await?.into_iter().map(|c| c.handler));
+    known.extend(store.handler_rows().await?.into_iter().map(|c| c.handler));
     if known.iter().any(|k| k == name) || store.event_named(EventName::Handler(name)).await? {
         return Ok(());
     }
@@ -30,7 +30,7 @@ pub(super) async fn known_handler<S: Store>(store: &S, name: &str) -> Result<()>
         close => format!("; did you mean {}?", quoted(close)),
     };
     usage!(
-        "no handler `{name}` in this store (no event names it, no delivery, no control row){hint}"
+        "no handler `{name}` in this store (no event names it, no delivery, no row in the handlers table){hint}"
     )
 }
 

@@ -18,7 +18,7 @@ use crate::config::{self, Defaults, HandlerConfig, Target};
 use crate::dispatch::{endpoint, Reporter};
 use crate::dispatch::{DispatchOptions, Dispatcher, RetryPolicy, Runner, Shutdown, Summary};
 use crate::handler::WebhookSecret;
-use crate::store::controls::BreakerPolicy;
+use crate::store::handlers::BreakerPolicy;
 use crate::store::prelude::*;
 use crate::store::{AnyStore, StoreOptions};
 

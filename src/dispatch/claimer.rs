@@ -193,7 +193,7 @@ impl Claimer {
             new_lanes: self.new_lanes,
             ..self.template.clone()
         };
-        shared.ctx.controls.narrow(&mut request);
+        shared.ctx.rows.narrow(&mut request);
         if request.handlers.is_empty() {
             return None;
         }
@@ -336,7 +336,7 @@ impl Claimer {
             return false;
         }
         let mut claimable = self.template.clone();
-        shared.ctx.controls.narrow(&mut claimable);
+        shared.ctx.rows.narrow(&mut claimable);
         if claimable.handlers.is_empty() {
             return true;
         }

@@ -7,7 +7,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
 use super::complete::RunningGuard;
-use super::controls::Admit;
+use super::handler_rows::Admit;
 use super::metrics::Ended;
 use super::{Context, HandlerSpec, Runner};
 use crate::handler::Outcome;
@@ -57,7 +57,7 @@ pub(super) async fn run<S: Store>(
         _ = ctx.reporter.health.outcomes_recorded() => {}
         _ = cancel.wait_for(|c| *c) => return Some(delivery.token),
     }
-    let admit = ctx.controls.admit(&*ctx.store, &delivery.handler).await;
+    let admit = ctx.rows.admit(&*ctx.store, &delivery.handler).await;
     if admit == Admit::Hold {
         drop((slot, running));
         let error = "circuit breaker open: the endpoint is not sent to until its cool-down ends";
@@ -65,7 +65,7 @@ pub(super) async fn run<S: Store>(
             ctx,
             &delivery,
             Failure::Postpone {
-                delay: super::controls::HOLD,
+                delay: super::handler_rows::HOLD,
             },
             error.into(),
             &mut cancel,
@@ -81,7 +81,7 @@ pub(super) async fn run<S: Store>(
         Ran::Outcome(outcome) => outcome,
     };
     let probe = admit == Admit::Probe;
-    (ctx.controls)
+    (ctx.rows)
         .attempted(
             &*ctx.store,
             &ctx.reporter,

@@ -299,8 +299,8 @@ impl Metrics {
         }
     }
 
-    /// A handler's controls as the worker last read them.
-    pub fn controls(&self, handler: &str, paused: bool, breaker_open: bool) {
+    /// A handler's row as the worker last read it.
+    pub fn handler_row(&self, handler: &str, paused: bool, breaker_open: bool) {
         if !self.enabled {
             return;
         }

@@ -10,9 +10,9 @@
 mod background;
 mod claimer;
 mod complete;
-mod controls;
 mod delivery;
 pub mod endpoint;
+mod handler_rows;
 mod health;
 pub mod metrics;
 mod options;
@@ -28,7 +28,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::handler::Handler;
-use crate::store::controls::BreakerPolicy;
+use crate::store::handlers::BreakerPolicy;
 use crate::store::{ClaimRequest, LaneShare, Store};
 use complete::{Completer, Recorder, Running};
 pub use options::{DispatchOptions, RetryPolicy};
@@ -102,8 +102,8 @@ struct Context<S> {
     reporter: Arc<Reporter>,
     /// Completions are also appended to the history.
     history: bool,
-    /// Pauses and circuit breakers.
-    controls: controls::Controls,
+    /// Pauses and circuit breakers: the handlers table as this worker reads it.
+    rows: handler_rows::HandlerRows,
     /// The worker's name and lease, to confirm a lane before a handler starts in it.
     owner: String,
     lease: Duration,
@@ -179,7 +179,7 @@ impl<S: Store> Dispatcher<S> {
             },
         );
         let breakers = handlers.iter().map(|h| (h.name.clone(), h.breaker));
-        let controls = controls::Controls::new(breakers.collect());
+        let rows = handler_rows::HandlerRows::new(breakers.collect());
         let ctx = Arc::new(Context {
             store: Arc::clone(&store),
             handlers: handlers.into_iter().map(|h| (h.name.clone(), h)).collect(),
@@ -188,7 +188,7 @@ impl<S: Store> Dispatcher<S> {
             outstanding: Outstanding::default(),
             reporter: Arc::clone(&reporter),
             history: options.completion_history,
-            controls,
+            rows,
             owner: options.owner.clone(),
             lease: options.lease_duration,
         });
@@ -238,7 +238,7 @@ impl<S: Store> Dispatcher<S> {
                     Arc::clone(slots),
                     options.concurrency,
                 )),
-                tokio::spawn(controls::refresh(
+                tokio::spawn(handler_rows::refresh(
                     Arc::clone(ctx),
                     options.poll_interval,
                     wakes.clone(),
@@ -254,7 +254,7 @@ impl<S: Store> Dispatcher<S> {
     /// Claims and runs deliveries until `shutdown` says stop, then stops as it says.
     pub async fn run(mut self, shutdown: watch::Receiver<Shutdown>) -> Summary {
         let recording = self.recording.take().expect("a dispatcher runs once");
-        controls::load(&self.shared.ctx).await;
+        handler_rows::load(&self.shared.ctx).await;
         let started = self.start_tasks(recording);
         let options = &self.shared.options;
         tracing::info!(

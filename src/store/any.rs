@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::bench::{Backlog, BenchStore, DeliveryCounts, ServerCounters};
-use super::controls::HandlerControl;
+use super::handlers::HandlerRow;
 use super::mongo::MongoStore;
 use super::postgres::PgStore;
 use super::*;
@@ -164,19 +164,19 @@ impl Dispatch for AnyStore {
     }
 }
 
-impl Controls for AnyStore {
-    async fn controls(&self) -> Result<Vec<HandlerControl>> {
-        on_engine!(self, s => s.controls().await)
+impl Handlers for AnyStore {
+    async fn handler_rows(&self) -> Result<Vec<HandlerRow>> {
+        on_engine!(self, s => s.handler_rows().await)
     }
-    async fn change_controls(
+    async fn change_handler(
         &self,
         handler: &str,
-        change: &(dyn Fn(&mut HandlerControl) -> bool + Sync),
-    ) -> Result<Option<HandlerControl>> {
-        on_engine!(self, s => s.change_controls(handler, change).await)
+        change: &(dyn Fn(&mut HandlerRow) -> bool + Sync),
+    ) -> Result<Option<HandlerRow>> {
+        on_engine!(self, s => s.change_handler(handler, change).await)
     }
-    async fn forget_controls(&self, handler: &str) -> Result<bool> {
-        on_engine!(self, s => s.forget_controls(handler).await)
+    async fn forget_handler(&self, handler: &str) -> Result<bool> {
+        on_engine!(self, s => s.forget_handler(handler).await)
     }
 }
 

@@ -6,10 +6,10 @@
 mod any;
 pub mod bench;
 mod connstr;
-pub mod controls;
 pub mod doctor;
 mod engine;
 mod error;
+pub mod handlers;
 mod ident;
 pub mod lane;
 mod mongo;
@@ -47,7 +47,7 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 /// The store's traits, for code that calls a store's methods on a concrete type.
 pub mod prelude {
     pub use super::{
-        Controls, DeadLetters, Dispatch, Doctor, History, Inspect, Publish, Retention, Schema,
+        DeadLetters, Dispatch, Doctor, Handlers, History, Inspect, Publish, Retention, Schema,
         SqlHandler, Store, Wake,
     };
 }
@@ -65,7 +65,7 @@ pub trait Store:
     + Inspect
     + DeadLetters
     + Retention
-    + Controls
+    + Handlers
     + History
 {
     /// Where the store lives.
@@ -316,23 +316,23 @@ pub trait History: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<String>>> + Send;
 }
 
-/// Pauses and circuit breakers (`controls::HandlerControl`), shared by every worker of the
+/// Pauses and circuit breakers (`handlers::HandlerRow`), shared by every worker of the
 /// store.
-pub trait Controls: Send + Sync + 'static {
-    /// Every handler that has controls, by name.
-    fn controls(&self) -> impl Future<Output = Result<Vec<controls::HandlerControl>>> + Send;
+pub trait Handlers: Send + Sync + 'static {
+    /// Every row of the handlers table, by handler.
+    fn handler_rows(&self) -> impl Future<Output = Result<Vec<handlers::HandlerRow>>> + Send;
 
-    /// Applies `change` to one handler's controls (the defaults when it has none) atomically,
-    /// and writes them when it returns true; returns what was written. `change` may be called
+    /// Applies `change` to one handler's row (the defaults when it has none) atomically,
+    /// and writes it when it returns true; returns what was written. `change` may be called
     /// again when another change got there first.
-    fn change_controls(
+    fn change_handler(
         &self,
         handler: &str,
-        change: &(dyn Fn(&mut controls::HandlerControl) -> bool + Sync),
-    ) -> impl Future<Output = Result<Option<controls::HandlerControl>>> + Send;
+        change: &(dyn Fn(&mut handlers::HandlerRow) -> bool + Sync),
+    ) -> impl Future<Output = Result<Option<handlers::HandlerRow>>> + Send;
 
-    /// Removes one handler's controls; false when it had none.
-    fn forget_controls(&self, handler: &str) -> impl Future<Output = Result<bool>> + Send;
+    /// Removes one handler's row; false when it had none.
+    fn forget_handler(&self, handler: &str) -> impl Future<Output = Result<bool>> + Send;
 }
 
 /// Dead letters brought back.

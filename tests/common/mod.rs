@@ -1,8 +1,8 @@
 //! Shared test fixtures: a throwaway schema per test and helpers to run the binary.
 
 pub mod cluster;
-pub mod controls;
 pub mod drain;
+pub mod handlers;
 pub mod http;
 pub mod mongo;
 pub mod pgbouncer;

@@ -1,4 +1,4 @@
-//! What the command-line scenarios both engines must pass (`controls`, `drain`, `replay`,
+//! What the command-line scenarios both engines must pass (`handlers`, `drain`, `replay`,
 //! `workers`) need of a store: the binary pointed at it, and the library's store over the same
 //! namespace. `tests/scenarios.rs` runs every scenario on each engine from one list.
 

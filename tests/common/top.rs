@@ -98,13 +98,13 @@ fn known_state(t: &dyn Target, store: &AnyStore) -> Board {
     t.publish(&events("search-index", "s", 0..2, &|_| "order-7".into()));
     block_on(async {
         store
-            .change_controls("mailer", &|c| {
+            .change_handler("mailer", &|c| {
                 c.pause("ops@host-a", Some("INC-42 smtp down"), t0())
             })
             .await
             .unwrap();
         store
-            .change_controls("crm", &|c| {
+            .change_handler("crm", &|c| {
                 c.failures = 10;
                 c.opened = 1;
                 c.open_until = Some(t0() + chrono::Duration::seconds(25));

@@ -64,7 +64,7 @@ macro_rules! conformance {
             a_replay_follows_each_key_s_pending_deliveries_and_runs_once,
             a_replay_again_takes_only_events_without_a_live_delivery;
             a_restarted_worker_with_the_same_owner_name_does_not_adopt_live_lanes,
-            handler_controls_change_atomically_and_every_instance_reads_them,
+            handler_rows_change_atomically_and_every_instance_reads_them,
         );
     };
 }

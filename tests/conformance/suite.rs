@@ -856,76 +856,76 @@ pub(crate) async fn a_restarted_worker_with_the_same_owner_name_does_not_adopt_l
 /// Pauses and circuit breakers are shared by every worker of a store: each change applies
 /// atomically over the latest state (concurrent failures from two store instances are all
 /// counted, one probe is taken), and what one writes the other reads.
-pub(crate) async fn handler_controls_change_atomically_and_every_instance_reads_them<S: Store>(
+pub(crate) async fn handler_rows_change_atomically_and_every_instance_reads_them<S: Store>(
     s: &S,
     other: &S,
 ) {
-    use relaybus::store::controls::{BreakerPolicy, HandlerControl};
+    use relaybus::store::handlers::{BreakerPolicy, HandlerRow};
     installed(s).await;
-    assert_eq!(other.controls().await.unwrap(), []);
+    assert_eq!(other.handler_rows().await.unwrap(), []);
     // To the millisecond, as both engines keep it.
     let now =
         chrono::DateTime::from_timestamp_millis(chrono::Utc::now().timestamp_millis()).unwrap();
     let paused = s
-        .change_controls("h", &|c| c.pause("ana", Some("deploy"), now))
+        .change_handler("h", &|c| c.pause("ana", Some("deploy"), now))
         .await
         .unwrap()
         .unwrap();
-    let expected = HandlerControl {
+    let expected = HandlerRow {
         paused_at: Some(now),
         paused_by: Some("ana".into()),
         pause_reason: Some("deploy".into()),
-        ..HandlerControl::new("h")
+        ..HandlerRow::new("h")
     };
     assert_eq!(paused, expected);
     let again = other
-        .change_controls("h", &|c| c.pause("ana", Some("deploy"), now))
+        .change_handler("h", &|c| c.pause("ana", Some("deploy"), now))
         .await;
     assert_eq!(again.unwrap(), None);
     assert_eq!(
-        other.controls().await.unwrap(),
+        other.handler_rows().await.unwrap(),
         std::slice::from_ref(&expected)
     );
-    let fail = |c: &mut HandlerControl| {
+    let fail = |c: &mut HandlerRow| {
         c.failed(BreakerPolicy::default(), false, now);
         true
     };
     let failures = (0..20).map(|i| {
         let store = if i % 2 == 0 { s } else { other };
-        store.change_controls("h", &fail)
+        store.change_handler("h", &fail)
     });
     futures_util::future::join_all(failures)
         .await
         .into_iter()
         .for_each(|r| assert!(r.unwrap().is_some()));
-    let open = HandlerControl {
+    let open = HandlerRow {
         failures: 20,
         opened: 1,
         open_until: Some(now + chrono::Duration::seconds(30)),
         ..expected.clone()
     };
-    assert_eq!(s.controls().await.unwrap(), [open]);
+    assert_eq!(s.handler_rows().await.unwrap(), [open]);
     let later = now + chrono::Duration::seconds(30);
-    let probe = |c: &mut HandlerControl| c.take_probe(BreakerPolicy::default(), later);
+    let probe = |c: &mut HandlerRow| c.take_probe(BreakerPolicy::default(), later);
     let probes = futures_util::future::join_all(
-        [s, other, s, other].map(|store| store.change_controls("h", &probe)),
+        [s, other, s, other].map(|store| store.change_handler("h", &probe)),
     )
     .await;
     let taken = probes.into_iter().filter(|p| p.as_ref().unwrap().is_some());
     assert_eq!(taken.count(), 1);
     assert_eq!(
         other
-            .change_controls("h", &|c| c.close_breaker())
+            .change_handler("h", &|c| c.close_breaker())
             .await
             .unwrap(),
         Some(expected.clone())
     );
     assert_eq!(
-        s.change_controls("h", &|c| c.resume()).await.unwrap(),
-        Some(HandlerControl::new("h"))
+        s.change_handler("h", &|c| c.resume()).await.unwrap(),
+        Some(HandlerRow::new("h"))
     );
-    assert_eq!(s.change_controls("h", &|c| c.resume()).await.unwrap(), None);
-    assert_eq!(other.controls().await.unwrap(), [HandlerControl::new("h")]);
+    assert_eq!(s.change_handler("h", &|c| c.resume()).await.unwrap(), None);
+    assert_eq!(other.handler_rows().await.unwrap(), [HandlerRow::new("h")]);
 }
 
 /// A claim for one handler finds its due delivery behind more due deliveries of another handler

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::super::lanes::{workers, Worker};
-use crate::store::controls::{Breaker, HandlerControl};
+use crate::store::handlers::{Breaker, HandlerRow};
 use crate::store::{HandlerStats, LaneRow};
 
 /// How far back rates reach: the per-minute rate, and the sparkline's samples.
@@ -20,7 +20,7 @@ const SPARK: usize = 200;
 /// store's own count of deliveries deleted.
 pub struct Sample {
     pub at: DateTime<Utc>,
-    pub handlers: Vec<(HandlerStats, HandlerControl)>,
+    pub handlers: Vec<(HandlerStats, HandlerRow)>,
     pub lanes: Vec<LaneRow>,
     /// Deliveries the store's counters say were deleted (completed or purged) since they began;
     /// none where they could not be read.
@@ -68,7 +68,7 @@ impl LaneState {
 
 /// A handler as the view shows it.
 #[derive(Clone, Debug, Serialize)]
-pub struct HandlerRow {
+pub struct HandlerLine {
     #[serde(flatten)]
     pub stats: HandlerStats,
     /// `running`, `paused`, `breaker-open` or `probe-due`.
@@ -87,7 +87,7 @@ pub struct HandlerRow {
 
 /// A worker, and when the view last saw it extend a lease.
 #[derive(Clone, Debug, Serialize)]
-pub struct WorkerRow {
+pub struct WorkerLine {
     #[serde(flatten)]
     pub worker: Worker,
     /// Seconds since the view saw its lease end move later; none until it has.
@@ -115,8 +115,8 @@ pub struct LaneSummary {
 #[derive(Clone, Debug, Serialize)]
 pub struct Snapshot {
     pub at: DateTime<Utc>,
-    pub handlers: Vec<HandlerRow>,
-    pub workers: Vec<WorkerRow>,
+    pub handlers: Vec<HandlerLine>,
+    pub workers: Vec<WorkerLine>,
     pub lanes: LaneSummary,
     /// The 256 lanes in order, one character each: `.` free, `o` held, `#` held with a
     /// backlog, `+` a backlog without a live lease, `x` an expired lease.
@@ -197,10 +197,10 @@ impl Board {
             let done = tally.completed.get(handler)? - from.completed.get(handler).unwrap_or(&0);
             (self.history && seconds > 0.0 && done >= 0).then(|| done as f64 / seconds)
         };
-        let handlers: Vec<HandlerRow> = sample
+        let handlers: Vec<HandlerLine> = sample
             .handlers
             .into_iter()
-            .map(|(stats, control)| {
+            .map(|(stats, stored)| {
                 let per_second = rate(previous, &stats.handler);
                 let spark = self.sparks.entry(stats.handler.clone()).or_default();
                 if let Some(r) = per_second {
@@ -211,7 +211,7 @@ impl Board {
                 }
                 row(
                     stats.clone(),
-                    &control,
+                    &stored,
                     now,
                     per_second,
                     rate(minute_ago, &stats.handler),
@@ -248,8 +248,8 @@ impl Board {
     }
 
     /// The workers holding lanes, each with when the view saw its lease renewed.
-    fn workers_seen(&mut self, lanes: &[LaneRow], now: DateTime<Utc>) -> Vec<WorkerRow> {
-        let workers: Vec<WorkerRow> = workers(lanes)
+    fn workers_seen(&mut self, lanes: &[LaneRow], now: DateTime<Utc>) -> Vec<WorkerLine> {
+        let workers: Vec<WorkerLine> = workers(lanes)
             .into_iter()
             .map(|worker| {
                 let renewed = match worker.lease_expires_at {
@@ -265,14 +265,17 @@ impl Board {
                     }
                     None => None,
                 };
-                WorkerRow {
+                WorkerLine {
                     renewed_seconds_ago: renewed.map(|at| seconds(now - at)),
                     worker,
                 }
             })
             .collect();
-        self.renewals
-            .retain(|owner, _| workers.iter().any(|w: &WorkerRow| &w.worker.owner == owner));
+        self.renewals.retain(|owner, _| {
+            workers
+                .iter()
+                .any(|w: &WorkerLine| &w.worker.owner == owner)
+        });
         workers
     }
 }
@@ -311,14 +314,14 @@ fn lane_view(lanes: &[LaneRow]) -> (LaneSummary, String, Vec<HotLane>) {
 
 fn row(
     stats: HandlerStats,
-    c: &HandlerControl,
+    c: &HandlerRow,
     now: DateTime<Utc>,
     per_second: Option<f64>,
     per_second_last_minute: Option<f64>,
     spark: Vec<u64>,
-) -> HandlerRow {
+) -> HandlerLine {
     let breaker = c.breaker(now);
-    HandlerRow {
+    HandlerLine {
         stats,
         state: c.state(now).name(),
         paused_by: c.paused_by.clone(),

@@ -19,7 +19,7 @@ use ratatui::buffer::Buffer;
 use ratatui::layout::Rect;
 use tokio::sync::{mpsc, Notify};
 
-pub use board::{Board, HandlerRow, HotLane, LaneSummary, Sample, Snapshot, WorkerRow};
+pub use board::{Board, HandlerLine, HotLane, LaneSummary, Sample, Snapshot, WorkerLine};
 pub use view::{lines, render, Dialog, Screen};
 
 use super::{usage, within, GlobalArgs, Output};
@@ -344,7 +344,7 @@ async fn on_dialog_key(
             let now = chrono::Utc::now();
             act(
                 store
-                    .change_controls(&handler, &|c| c.pause(&by, reason.as_deref(), now))
+                    .change_handler(&handler, &|c| c.pause(&by, reason.as_deref(), now))
                     .await,
                 format!("paused `{handler}`"),
                 screen,
@@ -369,7 +369,7 @@ async fn on_dialog_key(
             return Next::Stay;
         }
         (Dialog::Resume { handler }, KeyCode::Char('y')) => act(
-            store.change_controls(&handler, &|c| c.resume()).await,
+            store.change_handler(&handler, &|c| c.resume()).await,
             format!("resumed `{handler}`"),
             screen,
         ),
@@ -402,9 +402,9 @@ fn for_handler(handler: &str) -> RequeueSelector {
     }
 }
 
-/// What a change of a handler's controls says: `done`, or that nothing changed.
+/// What a change of a handler's row says: `done`, or that nothing changed.
 fn act(
-    changed: crate::store::Result<Option<crate::store::controls::HandlerControl>>,
+    changed: crate::store::Result<Option<crate::store::handlers::HandlerRow>>,
     done: String,
     screen: &mut Screen,
 ) -> Option<String> {

@@ -11,7 +11,7 @@ use ratatui::widgets::{
 };
 
 use super::super::output::{age, short_id};
-use super::board::{seconds, Board, HandlerRow, LaneState, Snapshot};
+use super::board::{seconds, Board, HandlerLine, LaneState, Snapshot};
 use crate::store::{DeliveryDetail, HandlerBacklog};
 
 /// Lanes on one row of the map.
@@ -216,7 +216,7 @@ fn or_dash(r: Option<f64>) -> String {
 
 /// One handler's row; wide, a pause's reason is in its state.
 fn handler_row<'a>(
-    h: &'a HandlerRow,
+    h: &'a HandlerLine,
     now: chrono::DateTime<chrono::Utc>,
     wide: bool,
     screen: &Screen,

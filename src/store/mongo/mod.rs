@@ -8,9 +8,9 @@
 mod admin;
 mod bench;
 mod conn;
-mod controls;
 mod dispatch;
 mod doctor;
+mod handlers;
 mod history;
 mod json;
 mod keys;

@@ -1,4 +1,4 @@
--- Every handler's controls, by name.
+-- Every handler's row, by name.
 -- params:
 SELECT handler, paused_at, paused_by, pause_reason, failures, opened, open_until
   FROM "{{schema}}"."{{prefix}}handlers" ORDER BY handler

@@ -1,3 +1,3 @@
--- Removes one handler's controls (its pause, its breaker).
+-- Removes one handler's row (its pause, its breaker).
 -- params: text
 DELETE FROM "{{schema}}"."{{prefix}}handlers" WHERE handler = $1 RETURNING handler

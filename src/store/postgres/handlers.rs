@@ -4,11 +4,11 @@ use tokio_postgres::{Client, Row};
 
 use super::conn::db;
 use super::PgStore;
-use crate::store::controls::HandlerControl;
-use crate::store::{Controls, Result};
+use crate::store::handlers::HandlerRow;
+use crate::store::{Handlers, Result};
 
-fn control(r: &Row) -> HandlerControl {
-    HandlerControl {
+fn row(r: &Row) -> HandlerRow {
+    HandlerRow {
         handler: r.get(0),
         paused_at: r.get(1),
         paused_by: r.get(2),
@@ -26,18 +26,17 @@ impl PgStore {
         &self,
         client: &mut Client,
         handler: &str,
-        change: &(dyn Fn(&mut HandlerControl) -> bool + Sync),
-    ) -> Result<Option<HandlerControl>, tokio_postgres::Error> {
+        change: &(dyn Fn(&mut HandlerRow) -> bool + Sync),
+    ) -> Result<Option<HandlerRow>, tokio_postgres::Error> {
         let tx = client.transaction().await?;
-        let lock = &self.sql.lock_controls;
-        let mut c = control(
-            &tx.query_typed_one(&lock.text, &lock.typed(&[&handler]))
-                .await?,
-        );
+        let lock = &self.sql.lock_handler;
+        let mut c = row(&tx
+            .query_typed_one(&lock.text, &lock.typed(&[&handler]))
+            .await?);
         if !change(&mut c) {
             return Ok(None);
         }
-        let write = &self.sql.write_controls;
+        let write = &self.sql.write_handler;
         let values: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
             &c.handler,
             &c.paused_at,
@@ -53,37 +52,37 @@ impl PgStore {
     }
 }
 
-impl Controls for PgStore {
-    async fn controls(&self) -> Result<Vec<HandlerControl>> {
+impl Handlers for PgStore {
+    async fn handler_rows(&self) -> Result<Vec<HandlerRow>> {
         let mut conn = self.pool.get().await?;
         let rows = conn
-            .query(&self.sql.controls, &[])
+            .query(&self.sql.handler_rows, &[])
             .await
-            .map_err(db("could not read the handlers' controls"))?;
-        Ok(rows.iter().map(control).collect())
+            .map_err(db("could not read the handlers table"))?;
+        Ok(rows.iter().map(row).collect())
     }
 
-    async fn forget_controls(&self, handler: &str) -> Result<bool> {
+    async fn forget_handler(&self, handler: &str) -> Result<bool> {
         let mut conn = self.pool.get().await?;
         let rows = conn
-            .query(&self.sql.forget_controls, &[&handler])
+            .query(&self.sql.forget_handler, &[&handler])
             .await
-            .map_err(db("could not remove the handler's controls"))?;
+            .map_err(db("could not remove the handler's row"))?;
         Ok(!rows.is_empty())
     }
 
-    async fn change_controls(
+    async fn change_handler(
         &self,
         handler: &str,
-        change: &(dyn Fn(&mut HandlerControl) -> bool + Sync),
-    ) -> Result<Option<HandlerControl>> {
+        change: &(dyn Fn(&mut HandlerRow) -> bool + Sync),
+    ) -> Result<Option<HandlerRow>> {
         let mut conn = self.pool.get().await?;
         let changed = self.change_locked(&mut conn.client, handler, change).await;
         if let Err(e) = &changed {
             conn.note(e);
         }
         changed.map_err(db(format!(
-            "could not change the controls of handler `{handler}`"
+            "could not change the row of handler `{handler}`"
         )))
     }
 }

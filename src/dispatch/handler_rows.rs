@@ -1,4 +1,4 @@
-//! The handlers' controls as this worker acts on them: which handlers its claims ask for (not
+//! The handlers table as this worker acts on it: which handlers its claims ask for (not
 //! paused, breaker not open), whether a claimed delivery may be sent now, and what each attempt
 //! tells the circuit breaker. The view is read from the store about once a second, so every
 //! worker of the store follows one pause and one breaker; this worker's own changes enter it at
@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 
 use super::{Context, Reporter};
 use crate::handler::Outcome;
-use crate::store::controls::{Breaker, BreakerPolicy, HandlerControl};
+use crate::store::handlers::{Breaker, BreakerPolicy, HandlerRow};
 use crate::store::{ClaimRequest, Store};
 
 /// How often the view is read at most; a shorter poll interval reads it that often.
@@ -32,14 +32,14 @@ pub(super) enum Admit {
     Hold,
 }
 
-pub(super) struct Controls {
+pub(super) struct HandlerRows {
     /// The handlers this worker serves, with how each one's breaker behaves.
     handlers: HashMap<String, BreakerPolicy>,
-    /// The controls of those that have any.
-    view: Mutex<HashMap<String, HandlerControl>>,
+    /// The rows of those that have one.
+    view: Mutex<HashMap<String, HandlerRow>>,
 }
 
-impl Controls {
+impl HandlerRows {
     pub(super) fn new(handlers: HashMap<String, BreakerPolicy>) -> Self {
         Self {
             handlers,
@@ -51,8 +51,8 @@ impl Controls {
         self.handlers.get(handler).copied().unwrap_or_default()
     }
 
-    fn view(&self) -> std::sync::MutexGuard<'_, HashMap<String, HandlerControl>> {
-        self.view.lock().expect("controls lock")
+    fn view(&self) -> std::sync::MutexGuard<'_, HashMap<String, HandlerRow>> {
+        self.view.lock().expect("handler rows lock")
     }
 
     /// Leaves out of a claim the handlers it may not ask for now.
@@ -90,10 +90,8 @@ impl Controls {
                 // Boxed, as is the write in `attempted`: every delivery's task would otherwise
                 // carry the store's future, copied at each spawn, for a write that is rare.
                 let policy = self.policy(handler);
-                match Box::pin(
-                    store.change_controls(handler, &|c| c.take_probe(policy, Utc::now())),
-                )
-                .await
+                match Box::pin(store.change_handler(handler, &|c| c.take_probe(policy, Utc::now())))
+                    .await
                 {
                     Ok(Some(c)) => {
                         self.view().insert(handler.to_owned(), c);
@@ -135,7 +133,7 @@ impl Controls {
         let opened = AtomicBool::new(false);
         let closed = AtomicBool::new(false);
         let policy = self.policy(handler);
-        let change = |c: &mut HandlerControl| {
+        let change = |c: &mut HandlerRow| {
             if failed {
                 opened.store(c.failed(policy, probe, Utc::now()), Ordering::Relaxed);
                 true
@@ -144,7 +142,7 @@ impl Controls {
                 c.close_breaker()
             }
         };
-        match Box::pin(store.change_controls(handler, &change)).await {
+        match Box::pin(store.change_handler(handler, &change)).await {
             Ok(Some(c)) => {
                 if opened.load(Ordering::Relaxed) {
                     let cooldown = policy.cooldown(c.opened);
@@ -161,7 +159,7 @@ impl Controls {
                 }
                 reporter
                     .metrics
-                    .controls(handler, c.paused(), c.open_until.is_some());
+                    .handler_row(handler, c.paused(), c.open_until.is_some());
                 let mut view = self.view();
                 if !opened.load(Ordering::Relaxed) && !closed.load(Ordering::Relaxed) {
                     // What another worker changed meanwhile (its failure opened the breaker at
@@ -169,7 +167,7 @@ impl Controls {
                     let before = view
                         .get(handler)
                         .cloned()
-                        .unwrap_or_else(|| HandlerControl::new(handler));
+                        .unwrap_or_else(|| HandlerRow::new(handler));
                     log_changes(handler, &before, &c, reporter);
                 }
                 view.insert(handler.to_owned(), c);
@@ -184,7 +182,7 @@ impl Controls {
 
     /// Why nothing of this worker may be claimed now, when nothing may: every handler it serves
     /// paused, or its breaker open.
-    fn held(&self, view: &HashMap<String, HandlerControl>) -> Option<String> {
+    fn held(&self, view: &HashMap<String, HandlerRow>) -> Option<String> {
         let now = Utc::now();
         let mut handlers: Vec<&String> = self.handlers.keys().collect();
         handlers.sort();
@@ -207,11 +205,11 @@ impl Controls {
         Some(format!("nothing is claimed: {}", why.join("; ")))
     }
 
-    /// Takes the controls read from the store, logging what changed for the handlers served.
+    /// Takes the rows read from the store, logging what changed for the handlers served.
     /// True when a handler became claimable.
-    fn update(&self, read: Vec<HandlerControl>, r: &Reporter) -> bool {
+    fn update(&self, read: Vec<HandlerRow>, r: &Reporter) -> bool {
         let now = Utc::now();
-        let read: HashMap<String, HandlerControl> = read
+        let read: HashMap<String, HandlerRow> = read
             .into_iter()
             .filter(|c| self.handlers.contains_key(&c.handler))
             .map(|c| (c.handler.clone(), c))
@@ -219,13 +217,13 @@ impl Controls {
         let mut view = self.view();
         let mut freed = false;
         for handler in self.handlers.keys() {
-            let default = HandlerControl::new(handler);
+            let default = HandlerRow::new(handler);
             let before = view.get(handler).unwrap_or(&default);
             let after = read.get(handler).unwrap_or(&default);
             log_changes(handler, before, after, r);
             freed |= !before.claimable(now) && after.claimable(now);
             r.metrics
-                .controls(handler, after.paused(), after.open_until.is_some());
+                .handler_row(handler, after.paused(), after.open_until.is_some());
         }
         r.health.set_held(self.held(&read));
         *view = read;
@@ -233,7 +231,7 @@ impl Controls {
     }
 }
 
-fn log_changes(handler: &str, before: &HandlerControl, after: &HandlerControl, r: &Reporter) {
+fn log_changes(handler: &str, before: &HandlerRow, after: &HandlerRow, r: &Reporter) {
     match (before.paused(), after.paused()) {
         (false, true) => tracing::info!(
             handler,
@@ -257,7 +255,7 @@ fn log_changes(handler: &str, before: &HandlerControl, after: &HandlerControl, r
     }
 }
 
-/// Reads the controls from the store now and then, and wakes the claim streams when a handler
+/// Reads the handlers table now and then, and wakes the claim streams when a handler
 /// may be claimed again.
 pub(super) async fn refresh<S: Store>(
     ctx: Arc<Context<S>>,
@@ -267,16 +265,16 @@ pub(super) async fn refresh<S: Store>(
     let mut failing = false;
     loop {
         tokio::time::sleep(poll_interval.min(REFRESH)).await;
-        match ctx.store.controls().await {
+        match ctx.store.handler_rows().await {
             Ok(read) => {
                 failing = false;
-                if ctx.controls.update(read, &ctx.reporter) {
+                if ctx.rows.update(read, &ctx.reporter) {
                     wakes.iter().for_each(|w| w.notify_one());
                 }
             }
             Err(e) if !failing => {
                 failing = true;
-                tracing::warn!(error = %format!("{e:#}"), "could not read the handlers' controls; acting on the last read");
+                tracing::warn!(error = %format!("{e:#}"), "could not read the handlers table; acting on the last read");
             }
             Err(_) => {}
         }
@@ -285,12 +283,12 @@ pub(super) async fn refresh<S: Store>(
 
 /// The first read, before anything is claimed: a paused handler is not claimed at start.
 pub(super) async fn load<S: Store>(ctx: &Context<S>) {
-    match ctx.store.controls().await {
+    match ctx.store.handler_rows().await {
         Ok(read) => {
-            ctx.controls.update(read, &ctx.reporter);
+            ctx.rows.update(read, &ctx.reporter);
         }
         Err(e) => {
-            tracing::warn!(error = %format!("{e:#}"), "could not read the handlers' controls")
+            tracing::warn!(error = %format!("{e:#}"), "could not read the handlers table")
         }
     }
 }

@@ -6,13 +6,13 @@ use mongodb::bson::{doc, Bson, DateTime, Document};
 use super::conn::is_duplicate_key;
 use super::model::{all, chrono};
 use super::{MongoStore, HANDLERS};
-use crate::store::controls::HandlerControl;
-use crate::store::{Controls, Result};
+use crate::store::handlers::HandlerRow;
+use crate::store::{Handlers, Result};
 
-fn control(d: &Document) -> HandlerControl {
+fn row(d: &Document) -> HandlerRow {
     let text = |f: &str| d.get_str(f).ok().map(str::to_owned);
     let time = |f: &str| d.get_datetime(f).ok().map(|t| chrono(*t));
-    HandlerControl {
+    HandlerRow {
         handler: text("_id").unwrap_or_default(),
         paused_at: time("pausedAt"),
         paused_by: text("pausedBy"),
@@ -23,7 +23,7 @@ fn control(d: &Document) -> HandlerControl {
     }
 }
 
-fn document(c: &HandlerControl) -> Document {
+fn document(c: &HandlerRow) -> Document {
     let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
         t.map_or(Bson::Null, |t| {
             Bson::DateTime(DateTime::from_millis(t.timestamp_millis()))
@@ -36,9 +36,9 @@ fn document(c: &HandlerControl) -> Document {
     }
 }
 
-impl Controls for MongoStore {
-    async fn controls(&self) -> Result<Vec<HandlerControl>> {
-        let failed = self.conn.error("could not read the handlers' controls");
+impl Handlers for MongoStore {
+    async fn handler_rows(&self) -> Result<Vec<HandlerRow>> {
+        let failed = self.conn.error("could not read the handlers table");
         let cursor = self
             .coll(HANDLERS)
             .await?
@@ -50,37 +50,35 @@ impl Controls for MongoStore {
             .await
             .map_err(&failed)?
             .iter()
-            .map(control)
+            .map(row)
             .collect())
     }
 
-    async fn forget_controls(&self, handler: &str) -> Result<bool> {
+    async fn forget_handler(&self, handler: &str) -> Result<bool> {
         let deleted = self
             .coll(HANDLERS)
             .await?
             .delete_one(doc! { "_id": handler })
             .await
-            .map_err(self.conn.error("could not remove the handler's controls"))?;
+            .map_err(self.conn.error("could not remove the handler's row"))?;
         Ok(deleted.deleted_count == 1)
     }
 
-    async fn change_controls(
+    async fn change_handler(
         &self,
         handler: &str,
-        change: &(dyn Fn(&mut HandlerControl) -> bool + Sync),
-    ) -> Result<Option<HandlerControl>> {
+        change: &(dyn Fn(&mut HandlerRow) -> bool + Sync),
+    ) -> Result<Option<HandlerRow>> {
         let coll = self.coll(HANDLERS).await?;
-        let failed = self.conn.error(format!(
-            "could not change the controls of handler `{handler}`"
-        ));
+        let failed = self
+            .conn
+            .error(format!("could not change the row of handler `{handler}`"));
         loop {
             let found = coll
                 .find_one(doc! { "_id": handler })
                 .await
                 .map_err(&failed)?;
-            let mut c = found
-                .as_ref()
-                .map_or_else(|| HandlerControl::new(handler), control);
+            let mut c = found.as_ref().map_or_else(|| HandlerRow::new(handler), row);
             if !change(&mut c) {
                 return Ok(None);
             }

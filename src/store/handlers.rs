@@ -1,6 +1,6 @@
 //! What operators and workers decide about a handler, kept in the store so that every worker of
 //! it acts on the same: a pause, and the circuit breaker of a webhook endpoint. The rules are
-//! written once, here, as changes of a `HandlerControl`; each engine only reads the rows and
+//! written once, here, as changes of a `HandlerRow`; each engine only reads the rows and
 //! applies a change atomically.
 
 use std::time::Duration;
@@ -48,9 +48,9 @@ impl Default for BreakerPolicy {
     }
 }
 
-/// One handler's controls. A handler without a row has the default: running, breaker closed.
+/// One handler's row of the handlers table (a document on MongoDB). A handler without one has the default: running, breaker closed.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct HandlerControl {
+pub struct HandlerRow {
     pub handler: String,
     pub paused_at: Option<DateTime<Utc>>,
     pub paused_by: Option<String>,
@@ -84,7 +84,7 @@ impl Breaker {
     }
 }
 
-/// What a handler's controls let workers do with it now: the one word every command shows for it.
+/// What a handler's row lets workers do with it now: the one word every command shows for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum HandlerState {
@@ -107,7 +107,7 @@ impl HandlerState {
     }
 }
 
-impl HandlerControl {
+impl HandlerRow {
     pub fn new(handler: &str) -> Self {
         Self {
             handler: handler.to_owned(),
@@ -200,7 +200,7 @@ mod tests {
     fn the_breaker_opens_at_the_threshold_and_each_failed_probe_doubles_the_cool_down() {
         let now = Utc::now();
         let policy = BreakerPolicy::default();
-        let mut c = HandlerControl::new("h");
+        let mut c = HandlerRow::new("h");
         for _ in 0..9 {
             assert!(!c.failed(policy, false, now));
         }
@@ -233,7 +233,7 @@ mod tests {
     #[test]
     fn a_second_pause_keeps_the_first_time_and_takes_the_new_reason() {
         let (first, second) = (Utc::now(), Utc::now() + chrono::Duration::seconds(5));
-        let mut c = HandlerControl::new("h");
+        let mut c = HandlerRow::new("h");
         assert!(c.pause("ana", Some("deploy"), first));
         assert!(!c.claimable(first));
         assert!(!c.pause("ana", Some("deploy"), second));

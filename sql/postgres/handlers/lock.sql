@@ -1,4 +1,4 @@
--- One handler's controls, locked until the change commits; a handler without a row gets one.
+-- One handler's row, locked until the change commits; a handler without a row gets one.
 -- The no-op update is what takes the lock on a row that another transaction just inserted.
 -- $1 handler.
 -- params: text
