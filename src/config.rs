@@ -182,6 +182,12 @@ fn handler(name: String, e: Entry, defaults: &Defaults) -> Result<HandlerConfig,
         retry.backoff.max,
     )?;
     let timeout = within("timeout", TIMEOUT_BOUNDS, e.timeout, defaults.timeout)?;
+    let breaker_set = e.breaker_threshold.is_some() || e.breaker_max_cooldown.is_some();
+    if breaker_set && !matches!(target, Target::Webhook(_)) {
+        return Err(invalid(
+            "`breaker_threshold` and `breaker_max_cooldown` apply to a `webhook` handler only",
+        ));
+    }
     let mut breaker = defaults.breaker;
     breaker.threshold = e.breaker_threshold.unwrap_or(breaker.threshold);
     if !(1..=BreakerPolicy::THRESHOLD_LIMIT).contains(&breaker.threshold) {
@@ -259,6 +265,7 @@ pub fn build(configs: Vec<HandlerConfig>) -> Result<Vec<HandlerSpec>, ConfigErro
                 name: c.name.clone(),
                 why,
             };
+            let breaker = matches!(c.target, Target::Webhook(_)).then_some(c.breaker);
             let handler: Arc<dyn Handler> = match c.target {
                 Target::Sql(sql) if sql.trim().is_empty() => {
                     return Err(invalid("the statement is empty".into()))
@@ -271,7 +278,7 @@ pub fn build(configs: Vec<HandlerConfig>) -> Result<Vec<HandlerSpec>, ConfigErro
                             timeout: c.timeout,
                         },
                         retry: c.retry,
-                        breaker: c.breaker,
+                        breaker,
                     })
                 }
                 // An unset variable in a deploy script gives an empty command, which `sh -c`
@@ -310,7 +317,7 @@ pub fn build(configs: Vec<HandlerConfig>) -> Result<Vec<HandlerSpec>, ConfigErro
                 name: c.name,
                 runner: Runner::Handler(handler),
                 retry: c.retry,
-                breaker: c.breaker,
+                breaker,
             })
         })
         .collect()

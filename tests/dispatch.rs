@@ -9,7 +9,6 @@ use relaybus::dispatch::{
     DispatchOptions, Dispatcher, HandlerSpec, Reporter, RetryPolicy, Runner, Shutdown,
 };
 use relaybus::handler::{Gate, Handler, HandlerFuture, Outcome};
-use relaybus::store::handlers::BreakerPolicy;
 use relaybus::store::prelude::*;
 use relaybus::store::{ClaimedDelivery, EventLimits, NewEvent, StoreOptions};
 
@@ -71,7 +70,7 @@ fn a_dropped_shutdown_sender_is_not_a_cancel() {
             name: "h".into(),
             runner: Runner::Handler(Arc::new(Slow(started.clone()))),
             retry: RetryPolicy::default(),
-            breaker: BreakerPolicy::default(),
+            breaker: None,
         }];
         let reporter = Arc::new(Reporter::new());
         Dispatcher::new(store, options, handlers, reporter)

@@ -21,7 +21,7 @@ macro_rules! all_scenarios {
         scenarios!($open;
             handlers::a_pause_holds_one_handler_and_a_resume_drains_it,
             handlers::a_failing_endpoint_opens_the_breaker_and_every_delivery_arrives_once,
-            handlers::an_operator_closes_a_breaker_that_every_worker_saw_open,
+            handlers::a_breaker_counts_against_the_last_started_worker_s_settings_and_an_operator_closes_it,
             drain::a_dead_worker_s_lane_with_nothing_due_is_let_go,
             replay::a_replay_killed_halfway_and_run_again_delivers_each_event_once_in_key_order,
             top::the_view_shows_handlers_workers_and_lanes_cell_for_cell,

@@ -4,6 +4,7 @@ use std::process::Command as StdCommand;
 use std::time::Duration;
 
 use crate::common::{finish, on_a_terminal, relaybus, stderr, stdout, Spawned, TestSchema};
+use serde_json::json;
 
 /// The catalog of a schema: tables, columns, indexes, constraints and storage options.
 pub(crate) fn catalog(s: &TestSchema) -> Vec<String> {
@@ -832,7 +833,7 @@ fn a_0_2_store_without_the_handlers_table_is_completed_by_setup() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
         stderr(&out),
-        format!("error: the relaybus schema in schema \"{n}\" with prefix \"relaybus_\" is incomplete (no version row, a table or collection missing, indexes that differ from 0.2's, or publish functions missing or from another relaybus); run `relaybus setup`\n")
+        format!("error: the relaybus schema in schema \"{n}\" with prefix \"relaybus_\" is incomplete (no version row, a table, column or collection missing, indexes that differ from 0.2's, or publish functions missing or from another relaybus); run `relaybus setup`\n")
     );
     s.cmd().arg("setup").assert().success().stdout(format!(
         "relaybus schema 0.2 (incomplete) -> 0.2 (schema \"{n}\", prefix \"relaybus_\")\n"
@@ -846,6 +847,46 @@ fn a_0_2_store_without_the_handlers_table_is_completed_by_setup() {
         .assert()
         .success()
         .stdout("no handler has deliveries or a row\n");
+}
+
+/// A 0.2 store whose handlers table is from before it kept the breaker's settings is not
+/// current: `setup` adds the columns, keeping every row, and a row without settings has the
+/// defaults.
+#[test]
+fn a_0_2_store_without_the_breaker_settings_is_completed_by_setup() {
+    let s = TestSchema::installed("no_breaker_settings");
+    let n = &s.name;
+    s.cmd()
+        .args(["handlers", "pause", "--new", "mailer", "--reason", "kept"])
+        .assert()
+        .success();
+    s.exec(&format!(
+        "ALTER TABLE \"{n}\".relaybus_handlers DROP COLUMN breaker_threshold, \
+         DROP COLUMN breaker_max_cooldown"
+    ));
+    incomplete_until_setup(&s);
+    let out = s
+        .cmd()
+        .args(["handlers", "list", "--json"])
+        .output()
+        .unwrap();
+    let listed: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(
+        (
+            &listed[0]["handler"],
+            &listed[0]["pause_reason"],
+            &listed[0]["breaker_policy"]
+        ),
+        (
+            &json!("mailer"),
+            &json!("kept"),
+            &json!({"threshold": 10, "max_cooldown": "10m"})
+        )
+    );
+    assert_eq!(
+        catalog(&s),
+        catalog(&TestSchema::installed("no_breaker_settings_ref"))
+    );
 }
 
 /// A 0.2 store whose publish functions are missing, or are another binary's (a body that

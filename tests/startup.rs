@@ -59,7 +59,8 @@ fn a_handler_whose_program_cannot_be_found_is_refused_at_start_up() {
 /// An unset variable in a deploy script makes an empty command, which `sh -c` runs
 /// successfully: every delivery would be completed and deleted unhandled.
 /// A config table names one way to run its handler: `noop = true` completes without running
-/// anything, and a table that names two is refused before anything is consumed.
+/// anything, and a table that names two, or a breaker for a handler that is not a webhook, is
+/// refused before anything is consumed.
 #[test]
 fn a_config_table_names_exactly_one_way_to_run_its_handler() {
     let s = TestSchema::installed("config_noop");
@@ -81,6 +82,22 @@ fn a_config_table_names_exactly_one_way_to_run_its_handler() {
         ),
         "{}",
         stderr(&out)
+    );
+    // Only a webhook has a circuit breaker.
+    std::fs::write(
+        &config,
+        "[handlers.h]\nexec = \"true\"\nbreaker_threshold = 3\n",
+    )
+    .unwrap();
+    let out = run();
+    assert_eq!(
+        (out.status.code(), stderr(&out)),
+        (
+            Some(2),
+            "error: handler `h`: `breaker_threshold` and `breaker_max_cooldown` apply to a \
+             `webhook` handler only\n"
+                .to_owned()
+        )
     );
     std::fs::write(&config, "[handlers.h]\nnoop = true\n").unwrap();
     let out = run();

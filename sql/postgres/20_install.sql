@@ -114,8 +114,10 @@ CREATE INDEX IF NOT EXISTS "{{prefix}}completions_completed_idx"
   ON "{{schema}}"."{{prefix}}completions" (completed_at);
 
 -- What operators and workers decide about a handler, read by every worker about once a second:
--- a pause (`relaybus handlers pause`), and the circuit breaker of its webhook endpoint. Only
--- pauses and failed requests write here, never the happy path.
+-- a pause (`relaybus handlers pause`), and the circuit breaker of its webhook endpoint with the
+-- settings every worker counts against (the configuration of the worker that started last;
+-- NULL: relaybus's defaults). Only pauses, failed requests and a worker whose settings differ
+-- write here, never the happy path.
 CREATE TABLE IF NOT EXISTS "{{schema}}"."{{prefix}}handlers" (
   handler text PRIMARY KEY,
   paused_at timestamptz,
@@ -123,8 +125,14 @@ CREATE TABLE IF NOT EXISTS "{{schema}}"."{{prefix}}handlers" (
   pause_reason text,
   failures int NOT NULL DEFAULT 0,
   opened int NOT NULL DEFAULT 0,
-  open_until timestamptz
+  open_until timestamptz,
+  breaker_threshold int,
+  breaker_max_cooldown interval
 );
+-- A handlers table from before the breaker's settings were kept in it.
+ALTER TABLE "{{schema}}"."{{prefix}}handlers"
+  ADD COLUMN IF NOT EXISTS breaker_threshold int,
+  ADD COLUMN IF NOT EXISTS breaker_max_cooldown interval;
 
 {{publish_functions}}
 

@@ -18,7 +18,6 @@ use crate::dispatch::{
 };
 use crate::handler::{Gate, Handler, HandlerFuture, Outcome};
 use crate::store::bench::BenchStore;
-use crate::store::handlers::BreakerPolicy;
 use crate::store::prelude::*;
 use crate::store::{AnyStore, ClaimedDelivery, Namespace, NewEvent, StoreOptions};
 
@@ -275,7 +274,7 @@ async fn dispatch_worker(store: AnyStore, plan: WorkerPlan) -> Result<WorkerRepo
             name: format!("h{h}"),
             runner: Runner::Handler(Arc::clone(&recording) as Arc<dyn Handler>),
             retry: RetryPolicy::default(),
-            breaker: BreakerPolicy::default(),
+            breaker: None,
         })
         .collect();
     let store = Arc::new(store);

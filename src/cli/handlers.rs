@@ -13,7 +13,7 @@ use serde_json::json;
 use super::names::known_handler;
 use super::output::{age, time, when};
 use super::{usage, GlobalArgs, Output};
-use crate::store::handlers::{Breaker, HandlerRow, HandlerState};
+use crate::store::handlers::{Breaker, BreakerPolicy, HandlerRow, HandlerState};
 use crate::store::prelude::*;
 use crate::store::{HandlerStats, StoreOptions};
 
@@ -222,6 +222,7 @@ struct Listed {
     /// Requests that failed in a row.
     failures: i32,
     open_until: Option<chrono::DateTime<Utc>>,
+    breaker_policy: BreakerPolicy,
 }
 
 /// Every handler's statistics beside its row, by name.
@@ -258,6 +259,7 @@ async fn list<S: Store>(store: &S, out: &Output) -> Result<ExitCode> {
             lag_seconds: s.lag_seconds,
             failures: c.failures,
             open_until: c.open_until,
+            breaker_policy: c.breaker_policy,
         })
         .collect();
     if out.json {
@@ -299,10 +301,14 @@ async fn list<S: Store>(store: &S, out: &Output) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// A breaker for a table: `closed`, `closed (3 failures)`, `open until 14:02:11`, `probe due`.
+/// A breaker for a table: `closed`, `closed (3 of 10 failures)`, `open until 14:02:11`,
+/// `probe due`.
 fn breaker(h: &Listed) -> String {
     match (h.breaker, h.open_until) {
-        (Breaker::Closed, _) if h.failures > 0 => format!("closed ({} failures)", h.failures),
+        (Breaker::Closed, _) if h.failures > 0 => format!(
+            "closed ({} of {} failures)",
+            h.failures, h.breaker_policy.threshold
+        ),
         (Breaker::Open, Some(until)) => format!("open until {}", until.format("%H:%M:%S")),
         (b, _) => b.name().into(),
     }

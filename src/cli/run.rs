@@ -155,7 +155,10 @@ pub struct RunArgs {
     /// A webhook endpoint that fails (5xx, timeout, refused connection) this many times in a
     /// row opens its circuit breaker, shared by every worker of the store: nothing is sent to
     /// it for 30 s (doubling after each failed probe, up to --breaker-max-cooldown), then one
-    /// probe; its deliveries wait meanwhile without an attempt charged.
+    /// probe; its deliveries wait meanwhile without an attempt charged. The worker writes its
+    /// breaker settings (these flags, or a handler's `breaker_threshold` and
+    /// `breaker_max_cooldown` in --config) to the handler's row when it starts, and every
+    /// worker counts against the row's: the last started worker's settings hold.
     #[arg(long, default_value_t = BreakerPolicy::THRESHOLD, value_parser = clap::value_parser!(i32).range(1..=BreakerPolicy::THRESHOLD_LIMIT as i64), value_name = "FAILURES")]
     pub breaker_threshold: i32,
     /// The longest an open circuit breaker waits before its next probe (a shorter one finds a

@@ -33,22 +33,20 @@ pub(super) enum Admit {
 }
 
 pub(super) struct HandlerRows {
-    /// The handlers this worker serves, with how each one's breaker behaves.
-    handlers: HashMap<String, BreakerPolicy>,
+    /// The handlers this worker serves, with the breaker settings configured for each webhook.
+    handlers: HashMap<String, Option<BreakerPolicy>>,
     /// The rows of those that have one.
     view: Mutex<HashMap<String, HandlerRow>>,
+    read_once: AtomicBool,
 }
 
 impl HandlerRows {
-    pub(super) fn new(handlers: HashMap<String, BreakerPolicy>) -> Self {
+    pub(super) fn new(handlers: HashMap<String, Option<BreakerPolicy>>) -> Self {
         Self {
             handlers,
             view: Mutex::default(),
+            read_once: AtomicBool::new(false),
         }
-    }
-
-    fn policy(&self, handler: &str) -> BreakerPolicy {
-        self.handlers.get(handler).copied().unwrap_or_default()
     }
 
     fn view(&self) -> std::sync::MutexGuard<'_, HashMap<String, HandlerRow>> {
@@ -89,10 +87,7 @@ impl HandlerRows {
             Breaker::ProbeDue => {
                 // Boxed, as is the write in `attempted`: every delivery's task would otherwise
                 // carry the store's future, copied at each spawn, for a write that is rare.
-                let policy = self.policy(handler);
-                match Box::pin(store.change_handler(handler, &|c| c.take_probe(policy, Utc::now())))
-                    .await
-                {
+                match Box::pin(store.change_handler(handler, &|c| c.take_probe(Utc::now()))).await {
                     Ok(Some(c)) => {
                         self.view().insert(handler.to_owned(), c);
                         tracing::info!(handler, "circuit breaker: sending a probe");
@@ -132,10 +127,9 @@ impl HandlerRows {
         }
         let opened = AtomicBool::new(false);
         let closed = AtomicBool::new(false);
-        let policy = self.policy(handler);
         let change = |c: &mut HandlerRow| {
             if failed {
-                opened.store(c.failed(policy, probe, Utc::now()), Ordering::Relaxed);
+                opened.store(c.failed(probe, Utc::now()), Ordering::Relaxed);
                 true
             } else {
                 closed.store(c.open_until.is_some(), Ordering::Relaxed);
@@ -145,7 +139,7 @@ impl HandlerRows {
         match Box::pin(store.change_handler(handler, &change)).await {
             Ok(Some(c)) => {
                 if opened.load(Ordering::Relaxed) {
-                    let cooldown = policy.cooldown(c.opened);
+                    let cooldown = c.breaker_policy.cooldown(c.opened);
                     tracing::warn!(
                         handler,
                         failures = c.failures,
@@ -216,10 +210,19 @@ impl HandlerRows {
             .collect();
         let mut view = self.view();
         let mut freed = false;
+        // The settings found by the first read are where this worker starts, not a change.
+        let first = !self.read_once.swap(true, Ordering::Relaxed);
         for handler in self.handlers.keys() {
             let default = HandlerRow::new(handler);
-            let before = view.get(handler).unwrap_or(&default);
             let after = read.get(handler).unwrap_or(&default);
+            let before = match view.get(handler) {
+                None if first => &HandlerRow {
+                    breaker_policy: after.breaker_policy,
+                    ..default.clone()
+                },
+                None => &default,
+                Some(before) => before,
+            };
             log_changes(handler, before, after, r);
             freed |= !before.claimable(now) && after.claimable(now);
             r.metrics
@@ -241,6 +244,13 @@ fn log_changes(handler: &str, before: &HandlerRow, after: &HandlerRow, r: &Repor
         ),
         (true, false) => tracing::info!(handler, "handler resumed"),
         _ => {}
+    }
+    if before.breaker_policy != after.breaker_policy {
+        tracing::info!(
+            handler,
+            settings = %settings(after.breaker_policy),
+            "circuit breaker settings changed in the handlers table (another worker's configuration)"
+        );
     }
     match (before.open_until.is_some(), after.open_until.is_some()) {
         (false, true) => {
@@ -281,14 +291,52 @@ pub(super) async fn refresh<S: Store>(
     }
 }
 
-/// The first read, before anything is claimed: a paused handler is not claimed at start.
+/// The first read, before anything is claimed: a paused handler is not claimed at start. Then
+/// the breaker settings this worker is configured with go to the rows whose settings differ,
+/// so that every worker of the store counts against the last started one's.
 pub(super) async fn load<S: Store>(ctx: &Context<S>) {
     match ctx.store.handler_rows().await {
         Ok(read) => {
             ctx.rows.update(read, &ctx.reporter);
         }
         Err(e) => {
-            tracing::warn!(error = %format!("{e:#}"), "could not read the handlers table")
+            tracing::warn!(error = %format!("{e:#}"), "could not read the handlers table");
+            return;
         }
     }
+    let mut webhooks: Vec<(&String, BreakerPolicy)> = (ctx.rows.handlers.iter())
+        .filter_map(|(h, policy)| Some((h, (*policy)?)))
+        .collect();
+    webhooks.sort_by_key(|(h, _)| *h);
+    for (handler, policy) in webhooks {
+        let stored = ctx.rows.view().get(handler).map(|c| c.breaker_policy);
+        if stored.unwrap_or_default() == policy {
+            continue;
+        }
+        let set = |c: &mut HandlerRow| c.set_breaker_policy(policy);
+        match ctx.store.change_handler(handler, &set).await {
+            Ok(changed) => {
+                tracing::info!(
+                    handler = %handler,
+                    settings = %settings(policy),
+                    "circuit breaker settings written to the handlers table: every worker of the store counts against them"
+                );
+                if let Some(c) = changed {
+                    ctx.rows.view().insert(handler.clone(), c);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(handler = %handler, error = %format!("{e:#}"), "could not write the circuit breaker settings; the store's apply")
+            }
+        }
+    }
+}
+
+/// A breaker's settings for a log line: `threshold 5, max cool-down 2m`.
+fn settings(policy: BreakerPolicy) -> String {
+    format!(
+        "threshold {}, max cool-down {}",
+        policy.threshold,
+        humantime::format_duration(policy.max_cooldown)
+    )
 }

@@ -43,7 +43,8 @@ pub struct HandlerSpec {
     pub name: String,
     pub runner: Runner,
     pub retry: RetryPolicy,
-    pub breaker: BreakerPolicy,
+    /// A webhook's circuit breaker settings; other handlers have no breaker.
+    pub breaker: Option<BreakerPolicy>,
 }
 
 /// What runs a handler's deliveries.

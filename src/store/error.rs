@@ -57,7 +57,7 @@ pub enum StoreError {
         prefix: String,
     },
 
-    #[error("the relaybus schema in {container} \"{schema}\" with prefix \"{prefix}\" is incomplete (no version row, a table or collection missing, indexes that differ from 0.2's, or publish functions missing or from another relaybus); {}", advice::SETUP)]
+    #[error("the relaybus schema in {container} \"{schema}\" with prefix \"{prefix}\" is incomplete (no version row, a table, column or collection missing, indexes that differ from 0.2's, or publish functions missing or from another relaybus); {}", advice::SETUP)]
     Incomplete {
         container: &'static str,
         schema: String,

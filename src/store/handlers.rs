@@ -10,13 +10,15 @@ use serde::Serialize;
 
 use crate::bounds::Bounds;
 
-/// How a handler's circuit breaker behaves, set per handler where the worker's handlers are
-/// configured. A worker applies its own when an attempt of its opens the breaker.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How a handler's circuit breaker behaves: configured per webhook handler (its TOML table, the
+/// worker's flags the default), kept in the handler's row by the worker that started last, and
+/// applied from there by every worker, so that all of them count failures against one limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct BreakerPolicy {
     /// Requests failing in a row that open the breaker.
     pub threshold: i32,
     /// The longest cool-down: each after a failed probe doubles, up to this.
+    #[serde(with = "humantime_serde")]
     pub max_cooldown: Duration,
 }
 
@@ -61,6 +63,8 @@ pub struct HandlerRow {
     pub opened: i32,
     /// The breaker is open until then; once past, the next request is its probe.
     pub open_until: Option<DateTime<Utc>>,
+    /// The breaker's threshold and longest cool-down (the defaults in a row that has none).
+    pub breaker_policy: BreakerPolicy,
 }
 
 /// Where a handler's breaker stands at some moment.
@@ -160,11 +164,17 @@ impl HandlerRow {
         paused
     }
 
-    /// Counts a failed request; the breaker opens at the policy's threshold of failures in a
-    /// row, and opens again, for twice as long, when its probe fails. True when this failure
-    /// opened it.
-    pub fn failed(&mut self, policy: BreakerPolicy, probe: bool, now: DateTime<Utc>) -> bool {
+    /// Takes a worker's configured breaker settings. False when they were the row's already.
+    pub fn set_breaker_policy(&mut self, policy: BreakerPolicy) -> bool {
+        std::mem::replace(&mut self.breaker_policy, policy) != policy
+    }
+
+    /// Counts a failed request; the breaker opens at the row's threshold of failures in a row,
+    /// and opens again, for twice as long, when its probe fails. True when this failure opened
+    /// it.
+    pub fn failed(&mut self, probe: bool, now: DateTime<Utc>) -> bool {
         self.failures = self.failures.saturating_add(1);
+        let policy = self.breaker_policy;
         let opens = probe || (self.open_until.is_none() && self.failures >= policy.threshold);
         if opens {
             self.opened = self.opened.saturating_add(1);
@@ -183,11 +193,11 @@ impl HandlerRow {
 
     /// Takes the probe of a breaker whose cool-down ended: the others wait another cool-down
     /// for its answer (and probe again after it, should the prober die). False for all but one.
-    pub fn take_probe(&mut self, policy: BreakerPolicy, now: DateTime<Utc>) -> bool {
+    pub fn take_probe(&mut self, now: DateTime<Utc>) -> bool {
         if self.breaker(now) != Breaker::ProbeDue {
             return false;
         }
-        self.open_until = Some(now + policy.cooldown(self.opened));
+        self.open_until = Some(now + self.breaker_policy.cooldown(self.opened));
         true
     }
 }
@@ -202,19 +212,19 @@ mod tests {
         let policy = BreakerPolicy::default();
         let mut c = HandlerRow::new("h");
         for _ in 0..9 {
-            assert!(!c.failed(policy, false, now));
+            assert!(!c.failed(false, now));
         }
         assert_eq!(c.breaker(now), Breaker::Closed);
-        assert!(c.failed(policy, false, now));
+        assert!(c.failed(false, now));
         assert_eq!(c.open_until, Some(now + chrono::Duration::seconds(30)));
         // A request sent before the breaker opened fails later: counted, the cool-down kept.
-        assert!(!c.failed(policy, false, now));
+        assert!(!c.failed(false, now));
         assert_eq!((c.failures, c.opened), (11, 1));
         let later = now + chrono::Duration::seconds(30);
         assert_eq!(c.breaker(later), Breaker::ProbeDue);
-        assert!(c.take_probe(policy, later));
-        assert!(!c.take_probe(policy, later), "one probe at a time");
-        assert!(c.failed(policy, true, later));
+        assert!(c.take_probe(later));
+        assert!(!c.take_probe(later), "one probe at a time");
+        assert!(c.failed(true, later));
         assert_eq!(c.open_until, Some(later + chrono::Duration::seconds(60)));
         let waits = |policy: BreakerPolicy| -> Vec<i64> {
             (1..=7).map(|n| policy.cooldown(n).num_seconds()).collect()
@@ -228,6 +238,26 @@ mod tests {
         assert!(c.close_breaker());
         assert_eq!((c.failures, c.opened, c.open_until), (0, 0, None));
         assert!(!c.close_breaker());
+        // The row's settings decide, whichever worker counts the failure.
+        assert!(c.set_breaker_policy(capped_at_three()));
+        assert!(!c.set_breaker_policy(capped_at_three()));
+        assert!(!c.failed(false, now) && !c.failed(false, now));
+        assert!(c.failed(false, now));
+        assert_eq!(c.open_until, Some(now + chrono::Duration::seconds(30)));
+        let cooldowns = [(); 3].map(|()| {
+            let due = c.open_until.unwrap();
+            assert!(c.take_probe(due));
+            assert!(c.failed(true, due));
+            (c.open_until.unwrap() - due).num_seconds()
+        });
+        assert_eq!(cooldowns, [60, 90, 90]);
+    }
+
+    fn capped_at_three() -> BreakerPolicy {
+        BreakerPolicy {
+            threshold: 3,
+            max_cooldown: Duration::from_secs(90),
+        }
     }
 
     #[test]

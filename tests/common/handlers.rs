@@ -7,7 +7,7 @@ use assert_cmd::Command;
 use serde_json::{json, Value};
 
 use super::scenario::Target;
-use super::{finish, http, signal, stderr, stdout, wait_until, Spawned};
+use super::{finish, http, signal, stderr, stdout, wait_until};
 
 fn publish(cmd: &dyn Fn() -> Command, handler: &str, events: usize) {
     let lines: Vec<String> = (0..events)
@@ -233,11 +233,14 @@ pub fn a_failing_endpoint_opens_the_breaker_and_every_delivery_arrives_once(t: &
     assert!(logged.contains("circuit breaker closed"), "{logged}");
 }
 
-/// Two workers with different thresholds serve one failing endpoint: the breaker opens at the
-/// lower one, and both workers say it opened, whichever recorded the failure that opened it.
-/// The endpoint comes back; the operator closes the breaker by hand, and every delivery arrives
-/// long before the 30 s cool-down would have ended. A second close changes nothing.
-pub fn an_operator_closes_a_breaker_that_every_worker_saw_open(t: &dyn Target) {
+/// Two workers configured with different thresholds for one failing endpoint: each writes its
+/// settings to the handler's row when it starts, and the breaker counts against the row's, the
+/// last started one's, whichever worker sends. The endpoint comes back; the operator closes the
+/// breaker by hand, and every delivery arrives long before the 30 s cool-down would have ended.
+/// A second close changes nothing.
+pub fn a_breaker_counts_against_the_last_started_worker_s_settings_and_an_operator_closes_it(
+    t: &dyn Target,
+) {
     let (cmd, worker) = (&|| t.cmd(), &|args: &[&str]| t.worker(args));
     let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let serving = std::sync::Arc::clone(&up);
@@ -249,8 +252,10 @@ pub fn an_operator_closes_a_breaker_that_every_worker_saw_open(t: &dyn Target) {
         }
     });
     publish(cmd, "hook", 10);
-    let args = |threshold: &'static str| {
-        [
+    let paused = cmd().args(["handlers", "pause", "hook"]).output().unwrap();
+    assert!(paused.status.success(), "{}", stderr(&paused));
+    let start = |threshold: &str| {
+        let args = [
             "--handler",
             "hook",
             "--webhook",
@@ -261,25 +266,49 @@ pub fn an_operator_closes_a_breaker_that_every_worker_saw_open(t: &dyn Target) {
             "100ms",
             "--breaker-threshold",
             threshold,
-        ]
-        .map(str::to_owned)
+        ];
+        worker(&args)
     };
-    let workers: Vec<Spawned> = ["2", "100"]
-        .iter()
-        .map(|t| worker(&args(t).iter().map(String::as_str).collect::<Vec<_>>()))
-        .collect();
-    let open = || {
+    let hook = || -> Value {
         let out = cmd().args(["handlers", "list", "--json"]).output().unwrap();
         let listed: Value = serde_json::from_str(&stdout(&out)).unwrap();
-        listed
+        let hook = listed
             .as_array()
             .unwrap()
             .iter()
-            .any(|h| h["handler"] == "hook" && h["breaker"] == "open")
+            .find(|h| h["handler"] == "hook");
+        hook.cloned().unwrap()
     };
-    wait_until("the breaker open", Duration::from_secs(30), open);
-    // Both workers read the breaker at least once a second.
-    std::thread::sleep(Duration::from_millis(1500));
+    let settings = |threshold: i64| {
+        move || hook()["breaker_policy"] == json!({"threshold": threshold, "max_cooldown": "10m"})
+    };
+    let sender = start("100");
+    wait_until(
+        "the first worker's settings",
+        Duration::from_secs(20),
+        settings(100),
+    );
+    // The second starts while the handler is paused, and stops once its settings are in.
+    let second = start("2");
+    wait_until(
+        "the second worker's settings",
+        Duration::from_secs(20),
+        settings(2),
+    );
+    signal(&second, nix::sys::signal::Signal::SIGTERM);
+    let logged = stderr(&finish(second, Duration::from_secs(30)));
+    assert!(
+        logged.contains("circuit breaker settings written to the handlers table")
+            && logged.contains("threshold 2, max cool-down 10m"),
+        "{logged}"
+    );
+    let resumed = cmd().args(["handlers", "resume", "hook"]).output().unwrap();
+    assert!(resumed.status.success(), "{}", stderr(&resumed));
+    // One request at a time: the second failure opens it, and nothing more is sent.
+    wait_until("the breaker open", Duration::from_secs(30), || {
+        hook()["breaker"] == "open"
+    });
+    assert_eq!(hook()["failures"], 2);
     up.store(true, std::sync::atomic::Ordering::SeqCst);
     let closed = cmd()
         .args(["handlers", "close-breaker", "hook"])
@@ -305,10 +334,14 @@ pub fn an_operator_closes_a_breaker_that_every_worker_saw_open(t: &dyn Target) {
         stdout(&again),
         "the circuit breaker of `hook` is closed; nothing changed\n"
     );
-    for w in workers {
-        signal(&w, nix::sys::signal::Signal::SIGTERM);
-        let logged = stderr(&finish(w, Duration::from_secs(30)));
-        assert!(logged.contains("circuit breaker opened"), "{logged}");
+    signal(&sender, nix::sys::signal::Signal::SIGTERM);
+    let logged = stderr(&finish(sender, Duration::from_secs(30)));
+    for said in [
+        "circuit breaker settings changed in the handlers table",
+        "threshold 2, max cool-down 10m",
+        "circuit breaker opened",
+    ] {
+        assert!(logged.contains(said), "{said}: {logged}");
     }
     assert_eq!(left(cmd, "hook"), []);
 }

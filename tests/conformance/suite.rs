@@ -886,8 +886,22 @@ pub(crate) async fn handler_rows_change_atomically_and_every_instance_reads_them
         other.handler_rows().await.unwrap(),
         std::slice::from_ref(&expected)
     );
+    // The breaker's settings as one worker wrote them are what the other counts against, to
+    // the millisecond.
+    let policy = BreakerPolicy {
+        threshold: 3,
+        max_cooldown: std::time::Duration::from_millis(95_250),
+    };
+    let set = |c: &mut HandlerRow| c.set_breaker_policy(policy);
+    assert!(s.change_handler("h", &set).await.unwrap().is_some());
+    assert_eq!(other.change_handler("h", &set).await.unwrap(), None);
+    let expected = HandlerRow {
+        breaker_policy: policy,
+        ..expected
+    };
+    assert_eq!(other.handler_rows().await.unwrap(), [expected.clone()]);
     let fail = |c: &mut HandlerRow| {
-        c.failed(BreakerPolicy::default(), false, now);
+        c.failed(false, now);
         true
     };
     let failures = (0..20).map(|i| {
@@ -906,7 +920,7 @@ pub(crate) async fn handler_rows_change_atomically_and_every_instance_reads_them
     };
     assert_eq!(s.handler_rows().await.unwrap(), [open]);
     let later = now + chrono::Duration::seconds(30);
-    let probe = |c: &mut HandlerRow| c.take_probe(BreakerPolicy::default(), later);
+    let probe = |c: &mut HandlerRow| c.take_probe(later);
     let probes = futures_util::future::join_all(
         [s, other, s, other].map(|store| store.change_handler("h", &probe)),
     )
@@ -920,12 +934,16 @@ pub(crate) async fn handler_rows_change_atomically_and_every_instance_reads_them
             .unwrap(),
         Some(expected.clone())
     );
+    let resumed = HandlerRow {
+        breaker_policy: policy,
+        ..HandlerRow::new("h")
+    };
     assert_eq!(
         s.change_handler("h", &|c| c.resume()).await.unwrap(),
-        Some(HandlerRow::new("h"))
+        Some(resumed.clone())
     );
     assert_eq!(s.change_handler("h", &|c| c.resume()).await.unwrap(), None);
-    assert_eq!(other.handler_rows().await.unwrap(), [HandlerRow::new("h")]);
+    assert_eq!(other.handler_rows().await.unwrap(), [resumed]);
 }
 
 /// A claim for one handler finds its due delivery behind more due deliveries of another handler

@@ -355,7 +355,8 @@ fn a_0_2_store_without_the_handlers_collection_is_completed_by_setup() {
     let out = m.cmd().args(["handlers", "list"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        stderr(&out).contains("is incomplete (no version row, a table or collection missing"),
+        stderr(&out)
+            .contains("is incomplete (no version row, a table, column or collection missing"),
         "{}",
         stderr(&out)
     );
