@@ -49,6 +49,21 @@ fn left(cmd: &dyn Fn() -> Command, handler: &str) -> Vec<(String, i64)> {
         .collect()
 }
 
+/// A worker of `hook` that sends one request at a time to `url` and reads the handlers table
+/// every 100 ms.
+fn one_at_a_time<'a>(url: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+    let args = ["--handler", "hook", "--webhook", url, "--concurrency", "1"];
+    [&args[..], &["--poll-interval", "100ms"], more].concat()
+}
+
+/// Waits until the endpoint has answered `n` requests with 200.
+fn answered(server: &http::Server, n: usize, what: &str, within: Duration) {
+    wait_until(what, within, || {
+        let requests = server.requests.lock().unwrap();
+        requests.iter().filter(|r| r.status == 200).count() == n
+    });
+}
+
 fn handled(log: &std::path::Path, handler: &str) -> Vec<String> {
     std::fs::read_to_string(log)
         .unwrap_or_default()
@@ -193,20 +208,8 @@ pub fn a_failing_endpoint_opens_the_breaker_and_every_delivery_arrives_once(t: &
         }
     });
     publish(cmd, "hook", 20);
-    let args = [
-        "--handler",
-        "hook",
-        "--webhook",
-        &server.url,
-        "--concurrency",
-        "1",
-    ];
-    let args = [&args[..], &["--poll-interval", "100ms"]].concat();
-    let w = worker(&args);
-    wait_until("every delivery", Duration::from_secs(150), || {
-        let requests = server.requests.lock().unwrap();
-        requests.iter().filter(|r| r.status == 200).count() == 20
-    });
+    let w = worker(&one_at_a_time(&server.url, &[]));
+    answered(&server, 20, "every delivery", Duration::from_secs(150));
     std::thread::sleep(Duration::from_secs(1));
     signal(&w, nix::sys::signal::Signal::SIGTERM);
     let out = finish(w, Duration::from_secs(30));
@@ -255,19 +258,10 @@ pub fn a_breaker_counts_against_the_last_started_worker_s_settings_and_an_operat
     let paused = cmd().args(["handlers", "pause", "hook"]).output().unwrap();
     assert!(paused.status.success(), "{}", stderr(&paused));
     let start = |threshold: &str| {
-        let args = [
-            "--handler",
-            "hook",
-            "--webhook",
+        worker(&one_at_a_time(
             &server.url,
-            "--concurrency",
-            "1",
-            "--poll-interval",
-            "100ms",
-            "--breaker-threshold",
-            threshold,
-        ];
-        worker(&args)
+            &["--breaker-threshold", threshold],
+        ))
     };
     let hook = || -> Value {
         let out = cmd().args(["handlers", "list", "--json"]).output().unwrap();
@@ -318,13 +312,11 @@ pub fn a_breaker_counts_against_the_last_started_worker_s_settings_and_an_operat
         stdout(&closed),
         "closed the circuit breaker of `hook`: workers send to its endpoint again within a second\n"
     );
-    wait_until(
+    answered(
+        &server,
+        10,
         "every delivery, before the cool-down ends",
         Duration::from_secs(20),
-        || {
-            let requests = server.requests.lock().unwrap();
-            requests.iter().filter(|r| r.status == 200).count() == 10
-        },
     );
     let again = cmd()
         .args(["handlers", "close-breaker", "hook"])

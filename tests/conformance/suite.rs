@@ -899,7 +899,10 @@ pub(crate) async fn handler_rows_change_atomically_and_every_instance_reads_them
         breaker_policy: policy,
         ..expected
     };
-    assert_eq!(other.handler_rows().await.unwrap(), [expected.clone()]);
+    assert_eq!(
+        other.handler_rows().await.unwrap(),
+        std::slice::from_ref(&expected)
+    );
     let fail = |c: &mut HandlerRow| {
         c.failed(false, now);
         true
