@@ -1,6 +1,7 @@
 //! Opening the engine a URL names (`Engine::of`): `open` returns one type every command uses,
 //! and `schema_script` renders an engine's schema without connecting. A second engine is a
-//! variant of `Engine` and of `Engines` here, and an arm in `on_engine!`.
+//! variant of `Engine` and of `Engines` here, and an arm in `on_engine!`. Why one type forwards
+//! rather than commands generic over the engine: `docs/design/engines.md`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
