@@ -31,6 +31,20 @@ impl BreakerPolicy {
     /// From the first cool-down to a day.
     pub const MAX_COOLDOWN_BOUNDS: Bounds = Bounds::new(Self::COOLDOWN, Bounds::UP_TO_A_DAY.max);
 
+    /// The settings as a store keeps them (the longest cool-down in milliseconds), each the
+    /// default where the row has none.
+    pub fn stored(threshold: Option<i32>, max_cooldown_ms: Option<i64>) -> Self {
+        let ms = |ms: i64| Duration::from_millis(ms.try_into().unwrap_or_default());
+        Self {
+            threshold: threshold.unwrap_or(Self::THRESHOLD),
+            max_cooldown: max_cooldown_ms.map_or(Self::MAX_COOLDOWN, ms),
+        }
+    }
+
+    pub fn max_cooldown_ms(&self) -> i64 {
+        self.max_cooldown.as_millis().try_into().unwrap_or(i64::MAX)
+    }
+
     /// The cool-down after the breaker's `opened`th opening in a row.
     pub fn cooldown(&self, opened: i32) -> chrono::Duration {
         let doublings = opened.clamp(1, 16) as u32 - 1;

@@ -5,4 +5,4 @@
 INSERT INTO "{{schema}}"."{{prefix}}handlers" AS h (handler) VALUES ($1)
 ON CONFLICT (handler) DO UPDATE SET handler = h.handler
 RETURNING handler, paused_at, paused_by, pause_reason, failures, opened, open_until,
-       breaker_threshold, extract(epoch FROM breaker_max_cooldown)::float8
+       breaker_threshold, (extract(epoch FROM breaker_max_cooldown) * 1000)::int8

@@ -1,8 +1,6 @@
 //! Pauses and circuit breakers: one document per handler, `_id` its name, each change written
 //! over the version it read (compare and swap), so that concurrent changes never lose one.
 
-use std::time::Duration;
-
 use mongodb::bson::{doc, Bson, DateTime, Document};
 
 use super::conn::is_duplicate_key;
@@ -14,7 +12,6 @@ use crate::store::{Handlers, Result};
 fn row(d: &Document) -> HandlerRow {
     let text = |f: &str| d.get_str(f).ok().map(str::to_owned);
     let time = |f: &str| d.get_datetime(f).ok().map(|t| chrono(*t));
-    let default = BreakerPolicy::default();
     HandlerRow {
         handler: text("_id").unwrap_or_default(),
         paused_at: time("pausedAt"),
@@ -24,14 +21,10 @@ fn row(d: &Document) -> HandlerRow {
         opened: d.get_i32("opened").unwrap_or(0),
         open_until: time("openUntil"),
         // A document from before the breaker's settings were kept has the defaults.
-        breaker_policy: BreakerPolicy {
-            threshold: d.get_i32("breakerThreshold").unwrap_or(default.threshold),
-            max_cooldown: d
-                .get_i64("breakerMaxCooldownMs")
-                .map_or(default.max_cooldown, |ms| {
-                    Duration::from_millis(ms.try_into().unwrap_or_default())
-                }),
-        },
+        breaker_policy: BreakerPolicy::stored(
+            d.get_i32("breakerThreshold").ok(),
+            d.get_i64("breakerMaxCooldownMs").ok(),
+        ),
     }
 }
 
@@ -45,7 +38,7 @@ fn document(c: &HandlerRow) -> Document {
         "_id": &c.handler, "pausedAt": time(c.paused_at), "pausedBy": &c.paused_by,
         "pauseReason": &c.pause_reason, "failures": c.failures, "opened": c.opened,
         "openUntil": time(c.open_until), "breakerThreshold": c.breaker_policy.threshold,
-        "breakerMaxCooldownMs": i64::try_from(c.breaker_policy.max_cooldown.as_millis()).unwrap_or(i64::MAX),
+        "breakerMaxCooldownMs": c.breaker_policy.max_cooldown_ms(),
     }
 }
 

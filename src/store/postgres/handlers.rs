@@ -1,7 +1,5 @@
 //! Pauses and circuit breakers: one row per handler, changed under its row lock.
 
-use std::time::Duration;
-
 use tokio_postgres::{Client, Row};
 
 use super::conn::db;
@@ -10,8 +8,6 @@ use crate::store::handlers::{BreakerPolicy, HandlerRow};
 use crate::store::{Handlers, Result};
 
 fn row(r: &Row) -> HandlerRow {
-    let default = BreakerPolicy::default();
-    let max_cooldown: Option<f64> = r.get(8);
     HandlerRow {
         handler: r.get(0),
         paused_at: r.get(1),
@@ -20,10 +16,7 @@ fn row(r: &Row) -> HandlerRow {
         failures: r.get(4),
         opened: r.get(5),
         open_until: r.get(6),
-        breaker_policy: BreakerPolicy {
-            threshold: r.get::<_, Option<i32>>(7).unwrap_or(default.threshold),
-            max_cooldown: max_cooldown.map_or(default.max_cooldown, Duration::from_secs_f64),
-        },
+        breaker_policy: BreakerPolicy::stored(r.get(7), r.get(8)),
     }
 }
 
@@ -45,7 +38,7 @@ impl PgStore {
             return Ok(None);
         }
         let write = &self.sql.write_handler;
-        let max_cooldown = c.breaker_policy.max_cooldown.as_secs_f64();
+        let max_cooldown_ms = c.breaker_policy.max_cooldown_ms();
         let values: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
             &c.handler,
             &c.paused_at,
@@ -55,7 +48,7 @@ impl PgStore {
             &c.opened,
             &c.open_until,
             &c.breaker_policy.threshold,
-            &max_cooldown,
+            &max_cooldown_ms,
         ];
         tx.execute_typed(&write.text, &write.typed(&values)).await?;
         tx.commit().await?;
