@@ -37,7 +37,6 @@ pub(super) struct HandlerRows {
     handlers: HashMap<String, Option<BreakerPolicy>>,
     /// The rows of those that have one.
     view: Mutex<HashMap<String, HandlerRow>>,
-    read_once: AtomicBool,
 }
 
 impl HandlerRows {
@@ -45,7 +44,6 @@ impl HandlerRows {
         Self {
             handlers,
             view: Mutex::default(),
-            read_once: AtomicBool::new(false),
         }
     }
 
@@ -199,9 +197,10 @@ impl HandlerRows {
         Some(format!("nothing is claimed: {}", why.join("; ")))
     }
 
-    /// Takes the rows read from the store, logging what changed for the handlers served.
-    /// True when a handler became claimable.
-    fn update(&self, read: Vec<HandlerRow>, r: &Reporter) -> bool {
+    /// Takes the rows read from the store, logging what changed for the handlers served
+    /// (`first`: the worker's first read, whose breaker settings are where it starts, not a
+    /// change). True when a handler became claimable.
+    fn update(&self, read: Vec<HandlerRow>, r: &Reporter, first: bool) -> bool {
         let now = Utc::now();
         let read: HashMap<String, HandlerRow> = read
             .into_iter()
@@ -210,8 +209,6 @@ impl HandlerRows {
             .collect();
         let mut view = self.view();
         let mut freed = false;
-        // The settings found by the first read are where this worker starts, not a change.
-        let first = !self.read_once.swap(true, Ordering::Relaxed);
         for handler in self.handlers.keys() {
             let default = HandlerRow::new(handler);
             let after = read.get(handler).unwrap_or(&default);
@@ -278,7 +275,7 @@ pub(super) async fn refresh<S: Store>(
         match ctx.store.handler_rows().await {
             Ok(read) => {
                 failing = false;
-                if ctx.rows.update(read, &ctx.reporter) {
+                if ctx.rows.update(read, &ctx.reporter, false) {
                     wakes.iter().for_each(|w| w.notify_one());
                 }
             }
@@ -297,7 +294,7 @@ pub(super) async fn refresh<S: Store>(
 pub(super) async fn load<S: Store>(ctx: &Context<S>) {
     match ctx.store.handler_rows().await {
         Ok(read) => {
-            ctx.rows.update(read, &ctx.reporter);
+            ctx.rows.update(read, &ctx.reporter, true);
         }
         Err(e) => {
             tracing::warn!(error = %format!("{e:#}"), "could not read the handlers table");
